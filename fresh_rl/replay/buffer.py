@@ -1,0 +1,492 @@
+"""Trajectory replay buffer: uniform, prioritized (PER) and age-decayed prioritized (FreshPER).
+
+Pure functions over a pytree ``ReplayState``; ``make_trajectory_buffer(config)`` returns them.
+Everything works under ``jit``, ``vmap`` (one buffer per seed) and ``donate_argnums``.
+
+Sampling probabilities (FreshPER, arXiv 2604.16918; PER, Schaul et al. 2016)::
+
+    p_i(t) = p_i^base · exp(−(t − t_i)/τ)            age-decayed priority
+    P(i)   = p_i(t)^α / Σ_k p_k(t)^α                 sampling probability
+    w_i    = (N·P(i))^(−β) / max_j (N·P(j))^(−β)     importance weight
+
+**Exact decay at O(log N).** ``exp(−α t/τ)`` is common to every item and cancels in ``P(i)``, in
+stratified sampling and in the normalised weights. The tree therefore stores the
+time-invariant key ``u_i = (p_i^base)^α · exp(α (t_i − t_ref)/τ)``, written once when an item
+is inserted or its priority changes: no per-step refresh of all N leaves (the authors'
+implementation rescans the buffer every step). ``t_ref`` is rebased (one O(N) pass that
+recomputes every key from its stored base priority and version) before the exponent
+``α (t − t_ref)/τ`` can exceed ``config.rebase_exponent``. Standard PER is the same buffer with
+τ = ∞.
+
+**Age unit.** ``t`` is the policy version (number of learner updates that produced the
+behaviour policy), the unit of the lag simulator; τ is in the same unit. FreshPER's code counts
+outer pipeline iterations; rescale τ if your version clock ticks differently.
+
+**Importance-weight normaliser.** ``"buffer"`` (default; Schaul et al., and the authors' code
+via a min-tree) divides by the largest weight over all sampleable items, tracked by a min-tree
+over ``log u_i`` (log space, so decayed keys never underflow to 0 there); ``"batch"`` divides
+by the largest weight in the sampled batch. Items of zero priority cannot be sampled and are
+left out of the min. β may be passed per call (e.g. ``optax.linear_schedule(0.4, 1.0, n)``
+for the annealing the FreshPER README mentions; the authors' code keeps β constant).
+
+**New items** get the running maximum base priority (decayed like every other item from
+their insertion version), the standard PER rule; ``new_item_priority="given"`` uses the
+priorities passed to ``add`` instead (e.g. ``|reward| + ε``).
+
+**Bad input.** Configuration errors raise ``ValueError`` at construction. Data errors (NaN or
+negative priority, index out of range or of an empty slot, sample batch larger than the valid
+items) raise ``ValueError`` when called eagerly, and under ``jit`` either become
+``checkify`` errors (``jit_checks=True``) or fall back safely: invalid priority writes are
+skipped and counted in ``state.num_rejected_writes``; an unsatisfiable sample returns
+``mask=False`` and zero weights for every row, so a loss weighted by them is a no-op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Callable, Literal
+
+import chex
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from fresh_rl.replay import segment_tree
+from fresh_rl.replay.validation import check, is_traced, require_range
+
+SamplingMode = Literal["uniform", "per", "freshper"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayConfig:
+    """Static configuration of a trajectory buffer.
+
+    Attributes:
+      capacity: number of trajectories stored; FIFO eviction beyond it.
+      sample_batch_size: trajectories per ``sample`` call.
+      sampling: "uniform", "per" (no decay) or "freshper" (age-decayed priorities).
+      priority_exponent: α ∈ [0, 1] (FreshPER uses 0.6).
+      importance_exponent: default β ∈ [0, 1] (FreshPER uses 0.4); ``sample`` may override.
+      age_decay_tau: τ > 0 in policy versions, used by "freshper" (FreshPER default 500;
+        FrozenLake 1000). Half-life of the sampling probability is τ·ln2/α.
+      new_item_priority: "max" (running max base priority, standard PER) or "given".
+      importance_weight_normalization: "buffer" (max weight over the buffer) or "batch".
+      rebase_exponent: rebase t_ref when α(t − t_ref)/τ would exceed this (float32 headroom:
+        e^30·N·max p^α must stay below 3.4e38). Our choice; any value in (0, 60] is safe for
+        N ≤ 2^24 and priorities ≤ 1e6.
+      jit_checks: traced data checks become ``checkify`` checks instead of the safe fallback.
+    """
+
+    capacity: int
+    sample_batch_size: int
+    sampling: SamplingMode = "freshper"
+    priority_exponent: float = 0.6
+    importance_exponent: float = 0.4
+    age_decay_tau: float = 500.0
+    new_item_priority: Literal["max", "given"] = "max"
+    importance_weight_normalization: Literal["buffer", "batch"] = "buffer"
+    rebase_exponent: float = 30.0
+    jit_checks: bool = False
+
+    def __post_init__(self):
+        if not isinstance(self.capacity, int) or self.capacity <= 0:
+            raise ValueError(f"capacity must be a positive integer, got {self.capacity!r}")
+        if not isinstance(self.sample_batch_size, int) or not (
+            0 < self.sample_batch_size <= self.capacity
+        ):
+            raise ValueError(
+                f"sample_batch_size must be an integer in [1, capacity={self.capacity}], "
+                f"got {self.sample_batch_size!r}"
+            )
+        if self.sampling not in ("uniform", "per", "freshper"):
+            raise ValueError(
+                f"sampling must be one of 'uniform', 'per', 'freshper', got {self.sampling!r}"
+            )
+        require_range("priority_exponent", self.priority_exponent, 0.0, 1.0)
+        require_range("importance_exponent", self.importance_exponent, 0.0, 1.0)
+        require_range("age_decay_tau", self.age_decay_tau, 0.0, math.inf, low_open=True)
+        require_range("rebase_exponent", self.rebase_exponent, 0.0, 60.0, low_open=True)
+        if self.new_item_priority not in ("max", "given"):
+            raise ValueError(
+                f"new_item_priority must be 'max' or 'given', got {self.new_item_priority!r}"
+            )
+        if self.importance_weight_normalization not in ("buffer", "batch"):
+            raise ValueError(
+                "importance_weight_normalization must be 'buffer' or 'batch', "
+                f"got {self.importance_weight_normalization!r}"
+            )
+
+    @property
+    def prioritized(self) -> bool:
+        return self.sampling != "uniform"
+
+    @property
+    def decay_rate(self) -> float:
+        """α/τ: log-key growth per policy version (0 for uniform and standard PER)."""
+        return self.priority_exponent / self.age_decay_tau if self.sampling == "freshper" else 0.0
+
+
+@struct.dataclass
+class ReplayState:
+    """Buffer contents and priority trees. Leading axis of every per-item field: capacity.
+
+    Attributes:
+      experience: pytree of ``[capacity, ...]`` arrays (whole trajectories, e.g. ``[C, T, ...]``).
+      insert_version: ``[C]`` int32 policy version t_i that generated each item.
+      base_priority: ``[C]`` float32 p_i^base (before decay and exponent).
+      valid: ``[C]`` bool, slot holds an item.
+      write_position: next FIFO slot.
+      num_valid: number of stored items.
+      latest_version: largest version inserted so far (the default "now" for ages).
+      max_priority: running max of base priorities (priority of new items under "max").
+      reference_version: t_ref of the stored keys.
+      sum_tree: ``[2P]`` sum tree over u_i.
+      log_min_tree: ``[2P]`` min tree over log u_i (+inf for empty or zero-priority slots).
+      num_rejected_writes: invalid priority writes skipped by the jit fallback.
+    """
+
+    experience: Any
+    insert_version: jax.Array
+    base_priority: jax.Array
+    valid: jax.Array
+    write_position: jax.Array
+    num_valid: jax.Array
+    latest_version: jax.Array
+    max_priority: jax.Array
+    reference_version: jax.Array
+    sum_tree: jax.Array
+    log_min_tree: jax.Array
+    num_rejected_writes: jax.Array
+
+
+@struct.dataclass
+class ReplaySample:
+    """A sampled batch of trajectories.
+
+    Attributes:
+      indices: ``[B]`` slots (pass to ``set_priorities``).
+      experience: pytree of ``[B, ...]``.
+      probabilities: ``[B]`` P(i).
+      importance_weights: ``[B]`` normalised w_i (1 for uniform sampling; 0 where ``mask`` is False).
+      insert_version: ``[B]`` t_i.
+      age: ``[B]`` current_version − t_i.
+      mask: ``[B]`` bool, False only under the jit fallback for an unsatisfiable request.
+    """
+
+    indices: jax.Array
+    experience: Any
+    probabilities: jax.Array
+    importance_weights: jax.Array
+    insert_version: jax.Array
+    age: jax.Array
+    mask: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class TrajectoryBuffer:
+    """Pure functions of one buffer configuration (see ``make_trajectory_buffer``)."""
+
+    config: ReplayConfig
+    init: Callable[..., ReplayState]
+    add: Callable[..., ReplayState]
+    sample: Callable[..., ReplaySample]
+    set_priorities: Callable[..., ReplayState]
+    can_sample: Callable[[ReplayState], jax.Array]
+    rebase: Callable[..., ReplayState]
+    sampling_probabilities: Callable[[ReplayState], jax.Array]
+
+
+# --------------------------------------------------------------------------------------------
+# Keys
+
+
+def _log_keys(config: ReplayConfig, base_priority, insert_version, reference_version):
+    """log u_i = α log p_i^base + (α/τ)(t_i − t_ref); −inf for zero priority."""
+    log_priority = config.priority_exponent * jnp.log(base_priority)
+    if config.priority_exponent == 0.0:
+        log_priority = jnp.where(base_priority > 0, 0.0, -jnp.inf)
+    age_term = config.decay_rate * (insert_version - reference_version).astype(jnp.float32)
+    return log_priority + age_term
+
+
+def _tree_leaves_from_log_keys(log_keys, valid):
+    sum_leaves = jnp.where(valid, jnp.exp(log_keys), 0.0)
+    min_leaves = jnp.where(valid & jnp.isfinite(log_keys), log_keys, jnp.inf)
+    return sum_leaves, min_leaves
+
+
+# --------------------------------------------------------------------------------------------
+# Operations
+
+
+def _init(config: ReplayConfig, example_trajectory: Any) -> ReplayState:
+    """Empty buffer shaped after one trajectory (a pytree without the capacity axis)."""
+    capacity = config.capacity
+    experience = jax.tree.map(
+        lambda x: jnp.zeros((capacity, *jnp.shape(x)), jnp.asarray(x).dtype), example_trajectory
+    )
+    tree_capacity = capacity if config.prioritized else 1
+    return ReplayState(
+        experience=experience,
+        insert_version=jnp.zeros((capacity,), jnp.int32),
+        base_priority=jnp.zeros((capacity,), jnp.float32),
+        valid=jnp.zeros((capacity,), bool),
+        write_position=jnp.zeros((), jnp.int32),
+        num_valid=jnp.zeros((), jnp.int32),
+        latest_version=jnp.zeros((), jnp.int32),
+        max_priority=jnp.ones((), jnp.float32),
+        reference_version=jnp.zeros((), jnp.int32),
+        sum_tree=segment_tree.init(tree_capacity, "sum"),
+        log_min_tree=segment_tree.init(tree_capacity, "min"),
+        num_rejected_writes=jnp.zeros((), jnp.int32),
+    )
+
+
+def _rebase(config: ReplayConfig, state: ReplayState, reference_version) -> ReplayState:
+    """Recomputes every key against a new t_ref and rebuilds both trees (O(N)).
+
+    Probabilities and weights are unchanged (the common factor cancels); only the float range
+    of the stored keys moves. Keys are recomputed from base priorities, not rescaled, so
+    rebasing accumulates no rounding.
+    """
+    if not config.prioritized:
+        return state
+    reference_version = jnp.asarray(reference_version, jnp.int32)
+    log_keys = _log_keys(config, state.base_priority, state.insert_version, reference_version)
+    sum_leaves, min_leaves = _tree_leaves_from_log_keys(log_keys, state.valid)
+    return state.replace(
+        reference_version=reference_version,
+        sum_tree=segment_tree.build(sum_leaves, "sum"),
+        log_min_tree=segment_tree.build(min_leaves, "min"),
+    )
+
+
+def _write_keys(config, state: ReplayState, slots, write_mask) -> ReplayState:
+    """Writes the keys of ``slots`` (from their stored priority and version) into both trees."""
+    log_keys = _log_keys(
+        config, state.base_priority[slots], state.insert_version[slots], state.reference_version
+    )
+    sum_leaves, min_leaves = _tree_leaves_from_log_keys(log_keys, jnp.ones_like(write_mask))
+    return state.replace(
+        sum_tree=segment_tree.write(state.sum_tree, slots, sum_leaves, "sum", write_mask),
+        log_min_tree=segment_tree.write(state.log_min_tree, slots, min_leaves, "min", write_mask),
+    )
+
+
+def _priorities_ok(priorities):
+    return jnp.isfinite(priorities) & (priorities >= 0)
+
+
+def _add(
+    config: ReplayConfig,
+    state: ReplayState,
+    trajectories: Any,
+    versions,
+    priorities: jax.Array | None = None,
+) -> ReplayState:
+    """Inserts a batch of trajectories (leading axis B ≤ capacity) at the FIFO write position.
+
+    Args:
+      trajectories: pytree of ``[B, ...]`` arrays shaped like the buffer's example.
+      versions: scalar or ``[B]`` int policy version that generated each trajectory.
+      priorities: ``[B]`` base priorities; required iff ``new_item_priority == "given"``.
+    """
+    batch_leaves = jax.tree.leaves(trajectories)
+    batch_size = batch_leaves[0].shape[0]
+    if batch_size > config.capacity:
+        raise ValueError(
+            f"add: batch size must be in [1, capacity={config.capacity}], got {batch_size}"
+        )
+    chex.assert_trees_all_equal_structs(trajectories, state.experience)
+    jax.tree.map(
+        lambda x, buf: chex.assert_shape(x, (batch_size, *buf.shape[1:])),
+        trajectories,
+        state.experience,
+    )
+    versions = jnp.broadcast_to(jnp.asarray(versions, jnp.int32), (batch_size,))
+    slots = (state.write_position + jnp.arange(batch_size, dtype=jnp.int32)) % config.capacity
+
+    experience = jax.tree.map(lambda buf, x: buf.at[slots].set(x), state.experience, trajectories)
+    state = state.replace(
+        experience=experience,
+        insert_version=state.insert_version.at[slots].set(versions),
+        valid=state.valid.at[slots].set(True),
+        write_position=(state.write_position + batch_size) % config.capacity,
+        num_valid=jnp.minimum(state.num_valid + batch_size, config.capacity),
+        latest_version=jnp.maximum(state.latest_version, jnp.max(versions)),
+    )
+    if not config.prioritized:
+        return state
+
+    if config.new_item_priority == "given":
+        if priorities is None:
+            raise ValueError("add: priorities are required when new_item_priority='given'")
+        priorities = jnp.asarray(priorities, jnp.float32)
+        chex.assert_shape(priorities, (batch_size,))
+        ok = _priorities_ok(priorities)
+        check(jnp.all(ok), "add: priorities must be finite and >= 0 (got NaN, inf or < 0)",
+              config.jit_checks)
+        # Fallback: an invalid priority is replaced by the running max (the PER default).
+        new_priority = jnp.where(ok, priorities, state.max_priority)
+        state = state.replace(
+            max_priority=jnp.maximum(state.max_priority, jnp.max(new_priority)),
+            num_rejected_writes=state.num_rejected_writes + jnp.sum(~ok).astype(jnp.int32),
+        )
+    else:
+        new_priority = jnp.broadcast_to(state.max_priority, (batch_size,))
+    state = state.replace(base_priority=state.base_priority.at[slots].set(new_priority))
+
+    if config.decay_rate > 0.0:
+        newest = jnp.max(versions)
+        overflow = config.decay_rate * (newest - state.reference_version) > config.rebase_exponent
+        state = jax.lax.cond(
+            overflow, lambda s: _rebase(config, s, newest), lambda s: s, state
+        )
+    return _write_keys(config, state, slots, jnp.ones((batch_size,), bool))
+
+
+def _sampling_probabilities(config: ReplayConfig, state: ReplayState) -> jax.Array:
+    """``[C]`` P(i) of every slot (O(N); for tests, diagnostics and plots, not the hot path)."""
+    if not config.prioritized:
+        return jnp.where(state.valid, 1.0 / jnp.maximum(state.num_valid, 1), 0.0)
+    keys = segment_tree.leaves(state.sum_tree, config.capacity)
+    return keys / segment_tree.total(state.sum_tree)
+
+
+def _sample(
+    config: ReplayConfig,
+    state: ReplayState,
+    key: jax.Array,
+    importance_exponent=None,
+    current_version=None,
+) -> ReplaySample:
+    """Draws ``config.sample_batch_size`` trajectories.
+
+    Prioritized modes use stratified sampling: one uniform draw in each of B equal-mass
+    segments of the sum tree (duplicates possible). Uniform mode draws slots uniformly with
+    replacement among the valid ones.
+
+    Args:
+      key: PRNG key.
+      importance_exponent: β for this call (traced scalar allowed, e.g. an annealed schedule);
+        defaults to ``config.importance_exponent``.
+      current_version: "now" for the reported ages; defaults to the latest inserted version.
+    """
+    batch_size = config.sample_batch_size
+    satisfiable = state.num_valid >= batch_size
+    check(
+        satisfiable,
+        f"sample: sample_batch_size={batch_size} must be <= the number of valid items "
+        f"(got {state.num_valid if not is_traced(state.num_valid) else 'fewer'})",
+        config.jit_checks,
+    )
+    beta = config.importance_exponent if importance_exponent is None else importance_exponent
+    if not is_traced(beta):
+        require_range("importance_exponent", float(beta), 0.0, 1.0)
+    now = state.latest_version if current_version is None else jnp.asarray(current_version)
+
+    if config.prioritized:
+        tree_total = segment_tree.total(state.sum_tree)
+        targets = segment_tree.stratified_targets(key, tree_total, batch_size)
+        indices = segment_tree.sample(state.sum_tree, targets)
+        probabilities = segment_tree.leaves(state.sum_tree, config.capacity)[indices] / tree_total
+        log_keys = _log_keys(
+            config,
+            state.base_priority[indices],
+            state.insert_version[indices],
+            state.reference_version,
+        )
+        if config.importance_weight_normalization == "buffer":
+            log_key_floor = segment_tree.total(state.log_min_tree)
+        else:
+            log_key_floor = jnp.min(log_keys)
+        # w_i / max_j w_j = (P_i / P_min)^(−β) = exp(−β (log u_i − log u_min)).
+        weights = jnp.exp(-beta * (log_keys - log_key_floor))
+    else:
+        indices = jax.random.randint(key, (batch_size,), 0, jnp.maximum(state.num_valid, 1))
+        probabilities = jnp.full((batch_size,), 1.0) / jnp.maximum(state.num_valid, 1)
+        weights = jnp.ones((batch_size,), jnp.float32)
+
+    mask = jnp.broadcast_to(satisfiable, (batch_size,)) & state.valid[indices]
+    insert_version = state.insert_version[indices]
+    return ReplaySample(
+        indices=indices,
+        experience=jax.tree.map(lambda buf: buf[indices], state.experience),
+        probabilities=jnp.where(mask, probabilities, 0.0),
+        importance_weights=jnp.where(mask, weights, 0.0),
+        insert_version=insert_version,
+        age=now - insert_version,
+        mask=mask,
+    )
+
+
+def _set_priorities(
+    config: ReplayConfig, state: ReplayState, indices: jax.Array, priorities: jax.Array
+) -> ReplayState:
+    """Sets base priorities ``p_i^base`` of ``indices`` (e.g. new |advantage| + ε).
+
+    Duplicate indices: the last occurrence wins. The decay of an item is always measured from
+    its insertion version, so updating a priority never resets its age. Raises (eagerly) on
+    NaN/inf/negative priorities and on indices outside ``[0, capacity)`` or of empty slots;
+    the jit fallback skips those writes and counts them in ``num_rejected_writes``.
+    """
+    if not config.prioritized:
+        return state
+    indices = jnp.asarray(indices, jnp.int32)
+    priorities = jnp.asarray(priorities, jnp.float32)
+    chex.assert_rank(indices, 1)
+    chex.assert_shape(priorities, indices.shape)
+    in_range = (indices >= 0) & (indices < config.capacity)
+    safe_indices = jnp.clip(indices, 0, config.capacity - 1)
+    index_ok = in_range & state.valid[safe_indices]
+    priority_ok = _priorities_ok(priorities)
+    check(jnp.all(priority_ok),
+          "set_priorities: priorities must be finite and >= 0 (got NaN, inf or < 0)",
+          config.jit_checks)
+    check(jnp.all(index_ok),
+          f"set_priorities: indices must be in [0, capacity={config.capacity}) and point to "
+          "stored items", config.jit_checks)
+    write_mask = index_ok & priority_ok
+    keep = segment_tree.last_write_wins(jnp.where(write_mask, safe_indices, -1 - jnp.arange(
+        indices.shape[0])))
+    keep = keep & write_mask
+    base_priority = state.base_priority.at[
+        jnp.where(keep, safe_indices, config.capacity)
+    ].set(priorities, mode="drop")
+    state = state.replace(
+        base_priority=base_priority,
+        max_priority=jnp.maximum(
+            state.max_priority, jnp.max(jnp.where(write_mask, priorities, 0.0))
+        ),
+        num_rejected_writes=state.num_rejected_writes + jnp.sum(~write_mask).astype(jnp.int32),
+    )
+    return _write_keys(config, state, safe_indices, keep)
+
+
+def _can_sample(config: ReplayConfig, state: ReplayState) -> jax.Array:
+    return state.num_valid >= config.sample_batch_size
+
+
+def make_trajectory_buffer(config: ReplayConfig) -> TrajectoryBuffer:
+    """Builds the pure functions of a trajectory buffer for ``config``.
+
+    Example::
+
+        buffer = make_trajectory_buffer(ReplayConfig(capacity=4096, sample_batch_size=64))
+        state = buffer.init({"tokens": jnp.zeros((T,), jnp.int32), "reward": jnp.zeros(())})
+        state = jax.jit(buffer.add, donate_argnums=0)(state, batch, version, None)
+        sample = jax.jit(buffer.sample)(state, key)
+        state = buffer.set_priorities(state, sample.indices, new_priorities)
+    """
+    return TrajectoryBuffer(
+        config=config,
+        init=functools.partial(_init, config),
+        add=functools.partial(_add, config),
+        sample=functools.partial(_sample, config),
+        set_priorities=functools.partial(_set_priorities, config),
+        can_sample=functools.partial(_can_sample, config),
+        rebase=functools.partial(_rebase, config),
+        sampling_probabilities=functools.partial(_sampling_probabilities, config),
+    )
