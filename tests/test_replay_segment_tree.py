@@ -16,7 +16,7 @@ BATCH = 6
 
 
 def numpy_tree(leaves: np.ndarray, reduction: str) -> np.ndarray:
-    """Reference: the same pairwise reduction, level by level, in NumPy."""
+    """Reference: the same pairwise reduction, level by level, in NumPy (one column)."""
     size = 1 << max(0, len(leaves) - 1).bit_length()
     fill = 0.0 if reduction == "sum" else np.inf
     level = np.full(size, fill, np.float32)
@@ -26,12 +26,16 @@ def numpy_tree(leaves: np.ndarray, reduction: str) -> np.ndarray:
     while len(level) > 1:
         level = op(level[0::2], level[1::2]).astype(np.float32)
         levels.append(level)
-    return np.concatenate([np.array([fill], np.float32), *reversed(levels)])
+    return np.concatenate([np.array([fill], np.float32), *reversed(levels)])[:, None]
+
+
+def col(values) -> jax.Array:
+    return jnp.asarray(values, jnp.float32)[:, None]
 
 
 @functools.partial(jax.jit, static_argnames="reduction")
 def _write(nodes, indices, values, mask, reduction):
-    return segment_tree.write(nodes, indices, values, reduction, mask)
+    return segment_tree.write(nodes, indices, values[:, None], (reduction,), mask)
 
 
 _sample = jax.jit(segment_tree.sample)
@@ -47,7 +51,9 @@ def test_sizes():
     assert segment_tree.next_power_of_two(16) == 16
     assert segment_tree.tree_depth(1 << 20) == 20
     with pytest.raises(ValueError, match="capacity"):
-        segment_tree.init(0, "sum")
+        segment_tree.init(0, ("sum",))
+    with pytest.raises(ValueError, match="reductions must be"):
+        segment_tree.init(4, ("mean",))
 
 
 @given(leaf_values)
@@ -55,7 +61,7 @@ def test_build_matches_numpy(values):
     values = np.asarray(values, np.float32)
     for reduction in ("sum", "min"):
         np.testing.assert_array_equal(
-            np.asarray(segment_tree.build(jnp.asarray(values), reduction)),
+            np.asarray(segment_tree.build(col(values), (reduction,))),
             numpy_tree(values, reduction),
         )
 
@@ -75,7 +81,7 @@ def test_write_is_sequential_last_wins(indices, values, mask, reduction):
         if m:
             expected[i] = v
     nodes = _write(
-        segment_tree.build(jnp.asarray(start), reduction),
+        segment_tree.build(col(start), (reduction,)),
         jnp.asarray(indices),
         jnp.asarray(values, jnp.float32),
         jnp.asarray(mask),
@@ -96,7 +102,7 @@ def test_path_walk_and_full_rebuild_agree():
         for i, v in zip(idx, vals):
             expected[i] = v
         nodes = segment_tree.write(
-            segment_tree.build(jnp.asarray(start), "sum"), jnp.asarray(idx), jnp.asarray(vals), "sum"
+            segment_tree.build(col(start), ("sum",)), jnp.asarray(idx), col(vals), ("sum",)
         )
         np.testing.assert_array_equal(np.asarray(nodes), numpy_tree(expected, "sum"))
 
@@ -105,12 +111,12 @@ def test_path_walk_and_full_rebuild_agree():
 def test_descent_matches_prefix_sums_and_skips_zero_mass(values, targets):
     values = np.asarray(values, np.float32)
     values[3] = max(values[3], 1.0)  # total > 0
-    nodes = segment_tree.build(jnp.asarray(values), "sum")
+    nodes = segment_tree.build(col(values), ("sum",))
     got = np.asarray(_sample(nodes, jnp.asarray(targets, jnp.float32)))
     assert np.all(values[got] > 0), "descent returned a zero-mass leaf"
     # Reference: leaf i holds the targets in [S_i, S_{i+1}) of the float64 prefix sums.
     prefix = np.concatenate([[0.0], np.cumsum(values.astype(np.float64))])
-    total = float(np.asarray(segment_tree.total(nodes)))
+    total = float(np.asarray(segment_tree.total(nodes))[0])
     for target, leaf in zip(targets, got):
         clamped = min(max(target, 0.0), total)
         # Float32 tree rounding can move a boundary by a few ulps of the total.
@@ -120,7 +126,7 @@ def test_descent_matches_prefix_sums_and_skips_zero_mass(values, targets):
 
 def test_descent_at_exact_boundaries_and_out_of_range():
     values = jnp.asarray([0.0, 1.0, 0.0, 0.0, 2.0, 0.0, 0.0, 0.0], jnp.float32)
-    nodes = segment_tree.build(values, "sum")
+    nodes = segment_tree.build(values[:, None], ("sum",))
     targets = jnp.asarray([-1.0, 0.0, 1.0, 2.999, 3.0, 1e9, jnp.inf, jnp.nan], jnp.float32)
     got = np.asarray(_sample(nodes, targets))
     assert got[:6].tolist() == [1, 1, 4, 4, 4, 4]
@@ -146,18 +152,39 @@ def test_no_float32_drift_after_1e5_batched_writes():
         idx = jnp.where(jnp.arange(batch) % 2 == 0, idx, jax.random.randint(k_idx, (batch,), 0, capacity))
         vals = jax.random.uniform(k_val, (batch,)) * 10.0 ** jax.random.uniform(k_zero, (batch,), minval=-3, maxval=3)
         vals = jnp.where(jax.random.bernoulli(k_zero, 0.2, (batch,)), 0.0, vals)
-        nodes = segment_tree.write(nodes, idx, vals, "sum")
-        targets = segment_tree.stratified_targets(k_sample, segment_tree.total(nodes), 32)
+        nodes = segment_tree.write(nodes, idx, jnp.stack([vals, vals], -1), ("sum", "min"))
+        root = segment_tree.total(nodes)[0]
+        targets = segment_tree.stratified_targets(k_sample, root, 32)
         leaf = segment_tree.sample(nodes, targets)
-        hit_zero = jnp.sum(segment_tree.leaves(nodes, capacity)[leaf] <= 0)
-        return (nodes, bad_samples + jnp.where(segment_tree.total(nodes) > 0, hit_zero, 0)), None
+        hit_zero = jnp.sum(segment_tree.leaves(nodes, capacity)[leaf, 0] <= 0)
+        return (nodes, bad_samples + jnp.where(root > 0, hit_zero, 0)), None
 
-    init = segment_tree.build(jnp.ones((capacity,), jnp.float32), "sum")
+    init = segment_tree.build(jnp.ones((capacity, 2), jnp.float32), ("sum", "min"))
     keys = jax.random.split(jax.random.key(0), steps)
     (nodes, bad_samples), _ = jax.jit(lambda n, k: jax.lax.scan(step, (n, 0), k))(init, keys)
     leaves = np.asarray(segment_tree.leaves(nodes, capacity), np.float64)
-    root = float(segment_tree.total(nodes))
-    assert abs(root - leaves.sum()) <= 1e-5 * leaves.sum()
-    # Every internal node equals the sum of its children exactly (no accumulated deltas).
-    np.testing.assert_array_equal(np.asarray(nodes), numpy_tree(leaves.astype(np.float32), "sum"))
+    root, root_min = np.asarray(segment_tree.total(nodes))
+    assert abs(root - leaves[:, 0].sum()) <= 1e-5 * leaves[:, 0].sum()
+    assert root_min == leaves[:, 1].min()
+    # Every internal node equals the reduction of its children exactly (no accumulated deltas).
+    for column, reduction in enumerate(("sum", "min")):
+        np.testing.assert_array_equal(
+            np.asarray(nodes[:, column : column + 1]),
+            numpy_tree(leaves[:, column].astype(np.float32), reduction),
+        )
     assert int(bad_samples) == 0
+
+
+def test_guarded_descent_never_enters_empty_subtrees():
+    """Rounding can leave a residual at or above a subtree's mass; simulate it directly.
+
+    The plain walk then falls off into empty leaves, the guarded one (which ``sample`` falls
+    back to whenever a row lands on an empty leaf) never does.
+    """
+    values = jnp.asarray([0.0, 1.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0], jnp.float32)
+    nodes = segment_tree.build(values[:, None], ("sum",))
+    residuals = jnp.asarray([3.0, 3.5, 100.0, 0.0], jnp.float32)  # ≥ total: impossible exactly
+    plain = np.asarray(segment_tree._descend(nodes, residuals, 0, guarded=False))
+    guarded = np.asarray(segment_tree._descend(nodes, residuals, 0, guarded=True))
+    assert np.any(np.asarray(values)[plain] == 0)
+    assert np.all(np.asarray(values)[guarded] > 0)

@@ -142,8 +142,8 @@ class ReplayState:
       latest_version: largest version inserted so far (the default "now" for ages).
       max_priority: running max of base priorities (priority of new items under "max").
       reference_version: t_ref of the stored keys.
-      sum_tree: ``[2P]`` sum tree over u_i.
-      log_min_tree: ``[2P]`` min tree over log u_i (+inf for empty or zero-priority slots).
+      priority_tree: ``[2P, 2]`` segment tree; column 0 sums u_i (sampling), column 1 takes
+        the min of log u_i (+inf for empty or zero-priority slots; importance weights).
       num_rejected_writes: invalid priority writes skipped by the jit fallback.
     """
 
@@ -156,8 +156,7 @@ class ReplayState:
     latest_version: jax.Array
     max_priority: jax.Array
     reference_version: jax.Array
-    sum_tree: jax.Array
-    log_min_tree: jax.Array
+    priority_tree: jax.Array
     num_rejected_writes: jax.Array
 
 
@@ -211,10 +210,14 @@ def _log_keys(config: ReplayConfig, base_priority, insert_version, reference_ver
     return log_priority + age_term
 
 
+_TREE_COLUMNS = ("sum", "min")  # (u_i for sampling, log u_i for the weight normaliser)
+
+
 def _tree_leaves_from_log_keys(log_keys, valid):
+    """``[..., 2]`` leaves: (u_i, log u_i), identities for empty or zero-priority slots."""
     sum_leaves = jnp.where(valid, jnp.exp(log_keys), 0.0)
     min_leaves = jnp.where(valid & jnp.isfinite(log_keys), log_keys, jnp.inf)
-    return sum_leaves, min_leaves
+    return jnp.stack([sum_leaves, min_leaves], axis=-1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -238,8 +241,7 @@ def _init(config: ReplayConfig, example_trajectory: Any) -> ReplayState:
         latest_version=jnp.zeros((), jnp.int32),
         max_priority=jnp.ones((), jnp.float32),
         reference_version=jnp.zeros((), jnp.int32),
-        sum_tree=segment_tree.init(tree_capacity, "sum"),
-        log_min_tree=segment_tree.init(tree_capacity, "min"),
+        priority_tree=segment_tree.init(tree_capacity, _TREE_COLUMNS),
         num_rejected_writes=jnp.zeros((), jnp.int32),
     )
 
@@ -255,23 +257,28 @@ def _rebase(config: ReplayConfig, state: ReplayState, reference_version) -> Repl
         return state
     reference_version = jnp.asarray(reference_version, jnp.int32)
     log_keys = _log_keys(config, state.base_priority, state.insert_version, reference_version)
-    sum_leaves, min_leaves = _tree_leaves_from_log_keys(log_keys, state.valid)
     return state.replace(
         reference_version=reference_version,
-        sum_tree=segment_tree.build(sum_leaves, "sum"),
-        log_min_tree=segment_tree.build(min_leaves, "min"),
+        priority_tree=segment_tree.build(
+            _tree_leaves_from_log_keys(log_keys, state.valid), _TREE_COLUMNS
+        ),
     )
 
 
 def _write_keys(config, state: ReplayState, slots, write_mask) -> ReplayState:
-    """Writes the keys of ``slots`` (from their stored priority and version) into both trees."""
+    """Writes the keys of ``slots`` (from their stored priority and version) into both trees.
+
+    The unmasked ``slots`` must be distinct (callers resolve duplicates first).
+    """
     log_keys = _log_keys(
         config, state.base_priority[slots], state.insert_version[slots], state.reference_version
     )
-    sum_leaves, min_leaves = _tree_leaves_from_log_keys(log_keys, jnp.ones_like(write_mask))
+    tree_leaves = _tree_leaves_from_log_keys(log_keys, jnp.ones_like(write_mask))
     return state.replace(
-        sum_tree=segment_tree.write(state.sum_tree, slots, sum_leaves, "sum", write_mask),
-        log_min_tree=segment_tree.write(state.log_min_tree, slots, min_leaves, "min", write_mask),
+        priority_tree=segment_tree.write(
+            state.priority_tree, slots, tree_leaves, _TREE_COLUMNS, write_mask,
+            indices_are_unique=True,
+        )
     )
 
 
@@ -351,8 +358,8 @@ def _sampling_probabilities(config: ReplayConfig, state: ReplayState) -> jax.Arr
     """``[C]`` P(i) of every slot (O(N); for tests, diagnostics and plots, not the hot path)."""
     if not config.prioritized:
         return jnp.where(state.valid, 1.0 / jnp.maximum(state.num_valid, 1), 0.0)
-    keys = segment_tree.leaves(state.sum_tree, config.capacity)
-    return keys / segment_tree.total(state.sum_tree)
+    keys = segment_tree.leaves(state.priority_tree, config.capacity)[:, 0]
+    return keys / segment_tree.total(state.priority_tree)[0]
 
 
 def _sample(
@@ -388,18 +395,15 @@ def _sample(
     now = state.latest_version if current_version is None else jnp.asarray(current_version)
 
     if config.prioritized:
-        tree_total = segment_tree.total(state.sum_tree)
-        targets = segment_tree.stratified_targets(key, tree_total, batch_size)
-        indices = segment_tree.sample(state.sum_tree, targets)
-        probabilities = segment_tree.leaves(state.sum_tree, config.capacity)[indices] / tree_total
-        log_keys = _log_keys(
-            config,
-            state.base_priority[indices],
-            state.insert_version[indices],
-            state.reference_version,
-        )
+        sum_total, log_key_min = segment_tree.total(state.priority_tree)
+        targets = segment_tree.stratified_targets(key, sum_total, batch_size)
+        indices = segment_tree.sample(state.priority_tree, targets)
+        num_leaves = state.priority_tree.shape[0] // 2
+        sampled_keys = state.priority_tree[num_leaves + indices]  # [B, 2]: (u_i, log u_i)
+        probabilities = sampled_keys[:, 0] / sum_total
+        log_keys = sampled_keys[:, 1]
         if config.importance_weight_normalization == "buffer":
-            log_key_floor = segment_tree.total(state.log_min_tree)
+            log_key_floor = log_key_min
         else:
             log_key_floor = jnp.min(log_keys)
         # w_i / max_j w_j = (P_i / P_min)^(−β) = exp(−β (log u_i − log u_min)).
@@ -449,9 +453,7 @@ def _set_priorities(
           f"set_priorities: indices must be in [0, capacity={config.capacity}) and point to "
           "stored items", config.jit_checks)
     write_mask = index_ok & priority_ok
-    keep = segment_tree.last_write_wins(jnp.where(write_mask, safe_indices, -1 - jnp.arange(
-        indices.shape[0])))
-    keep = keep & write_mask
+    keep = segment_tree.last_write_wins(safe_indices, write_mask, index_bound=config.capacity)
     base_priority = state.base_priority.at[
         jnp.where(keep, safe_indices, config.capacity)
     ].set(priorities, mode="drop")
