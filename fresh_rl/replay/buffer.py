@@ -54,7 +54,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from fresh_rl.replay import segment_tree
-from fresh_rl.replay.validation import check, is_traced, require_range
+from fresh_rl.validation import check, is_traced, require_choice, require_in_range
 
 SamplingMode = Literal["uniform", "per", "freshper"]
 
@@ -100,23 +100,16 @@ class ReplayConfig:
                 f"sample_batch_size must be an integer in [1, capacity={self.capacity}], "
                 f"got {self.sample_batch_size!r}"
             )
-        if self.sampling not in ("uniform", "per", "freshper"):
-            raise ValueError(
-                f"sampling must be one of 'uniform', 'per', 'freshper', got {self.sampling!r}"
-            )
-        require_range("priority_exponent", self.priority_exponent, 0.0, 1.0)
-        require_range("importance_exponent", self.importance_exponent, 0.0, 1.0)
-        require_range("age_decay_tau", self.age_decay_tau, 0.0, math.inf, low_open=True)
-        require_range("rebase_exponent", self.rebase_exponent, 0.0, 60.0, low_open=True)
-        if self.new_item_priority not in ("max", "given"):
-            raise ValueError(
-                f"new_item_priority must be 'max' or 'given', got {self.new_item_priority!r}"
-            )
-        if self.importance_weight_normalization not in ("buffer", "batch"):
-            raise ValueError(
-                "importance_weight_normalization must be 'buffer' or 'batch', "
-                f"got {self.importance_weight_normalization!r}"
-            )
+        require_choice("sampling", self.sampling, ("uniform", "per", "freshper"))
+        require_in_range("priority_exponent", self.priority_exponent, 0.0, 1.0)
+        require_in_range("importance_exponent", self.importance_exponent, 0.0, 1.0)
+        require_in_range("age_decay_tau", self.age_decay_tau, 0.0, math.inf, low_inclusive=False)
+        require_in_range("rebase_exponent", self.rebase_exponent, 0.0, 60.0, low_inclusive=False)
+        require_choice("new_item_priority", self.new_item_priority, ("max", "given"))
+        require_choice(
+            "importance_weight_normalization", self.importance_weight_normalization,
+            ("buffer", "batch"),
+        )
 
     @property
     def prioritized(self) -> bool:
@@ -391,7 +384,7 @@ def _sample(
     )
     beta = config.importance_exponent if importance_exponent is None else importance_exponent
     if not is_traced(beta):
-        require_range("importance_exponent", float(beta), 0.0, 1.0)
+        require_in_range("importance_exponent", float(beta), 0.0, 1.0)
     now = state.latest_version if current_version is None else jnp.asarray(current_version)
 
     if config.prioritized:

@@ -1,0 +1,113 @@
+"""Off-policy corrections: pure, jittable functions over log-probabilities, values and advantages.
+
+* :mod:`.returns` — GAE and V-trace over batch-major ``[B, T]`` trajectories.
+* :mod:`.policy_losses` — PPO-clip, PPO-KL, SPO, IMPALA, VACO (TV filter), DPPO Binary-TV.
+* :mod:`.decoupled` — r_d · r_s decomposition, MIS / TIS, decoupled PPO, interpolation proxies.
+* :mod:`.ewma` — the revised PPO-EWMA reference-parameter tree.
+* :mod:`.diagnostics` — KL estimators, ESS, TV estimate, ratio statistics.
+"""
+from fresh_rl.corrections.decoupled import (
+    DecoupledPPOConfig,
+    MISConfig,
+    decoupled_ppo_loss,
+    interpolation_weight,
+    linear_proximal_log_probs,
+    linear_proxy_clip_interval,
+    loglinear_proximal_log_probs,
+    loglinear_proxy_clip_interval,
+    mis_mask,
+    truncated_importance_weights,
+)
+from fresh_rl.corrections.diagnostics import (
+    approx_kl,
+    effective_sample_size,
+    fraction,
+    masked_mean,
+    policy_diagnostics,
+    ratio_statistics,
+    tv_estimate,
+    version_lag_statistics,
+)
+from fresh_rl.corrections.ewma import (
+    EWMAConfig,
+    EWMAReference,
+    ewma_beta_from_staleness,
+    ewma_maybe_reset,
+    ewma_update,
+    init_ewma_reference,
+)
+from fresh_rl.corrections.policy_losses import (
+    AdaptiveKLConfig,
+    DPPOBinaryTVConfig,
+    PPOClipConfig,
+    PPOKLConfig,
+    SPOConfig,
+    VACOConfig,
+    adaptive_kl_coefficient,
+    clipped_surrogate,
+    dppo_binary_tv_loss,
+    impala_policy_gradient_loss,
+    kl_penalty,
+    ppo_clip_loss,
+    ppo_kl_loss,
+    spo_loss,
+    tv_filter_mask,
+    vaco_policy_loss,
+)
+from fresh_rl.corrections.returns import (
+    GAEOutput,
+    VTraceConfig,
+    VTraceOutput,
+    generalized_advantage_estimation,
+    reverse_linear_recurrence,
+    vtrace,
+)
+
+__all__ = [
+    "AdaptiveKLConfig",
+    "DPPOBinaryTVConfig",
+    "DecoupledPPOConfig",
+    "EWMAConfig",
+    "EWMAReference",
+    "GAEOutput",
+    "MISConfig",
+    "PPOClipConfig",
+    "PPOKLConfig",
+    "SPOConfig",
+    "VACOConfig",
+    "VTraceConfig",
+    "VTraceOutput",
+    "adaptive_kl_coefficient",
+    "approx_kl",
+    "clipped_surrogate",
+    "decoupled_ppo_loss",
+    "dppo_binary_tv_loss",
+    "effective_sample_size",
+    "ewma_beta_from_staleness",
+    "ewma_maybe_reset",
+    "ewma_update",
+    "fraction",
+    "generalized_advantage_estimation",
+    "impala_policy_gradient_loss",
+    "init_ewma_reference",
+    "interpolation_weight",
+    "kl_penalty",
+    "linear_proximal_log_probs",
+    "linear_proxy_clip_interval",
+    "loglinear_proximal_log_probs",
+    "loglinear_proxy_clip_interval",
+    "masked_mean",
+    "mis_mask",
+    "policy_diagnostics",
+    "ppo_clip_loss",
+    "ppo_kl_loss",
+    "ratio_statistics",
+    "reverse_linear_recurrence",
+    "spo_loss",
+    "truncated_importance_weights",
+    "tv_estimate",
+    "tv_filter_mask",
+    "vaco_policy_loss",
+    "version_lag_statistics",
+    "vtrace",
+]

@@ -1,0 +1,120 @@
+"""Revised PPO-EWMA reference parameters (old-logit repair, arXiv 2605.12070, §4 of papers/old_logits.md).
+
+A trainer-side parameter copy θ_ref stands in for the missing old-logit policy:
+
+    θ_ref ← β θ_ref + (1 − β) θ            (once per policy version; Hilton et al. 2021)
+    θ_ref ← θ  if ρ_active < τ             (auto-reset)
+
+π_ref = π_{θ_ref} is then passed as ``old_train_log_probs`` to
+:func:`fresh_rl.corrections.decoupled.decoupled_ppo_loss`. The EWMA's centre of mass lies
+β/(1 − β) updates in the past, so β is chosen from the staleness window W to place the
+reference near the behaviour versions of the data (:func:`ewma_beta_from_staleness`).
+The update granularity (per optimiser step or per policy version) is unknown in the paper;
+the caller decides by when it calls :func:`ewma_update` (per version is the suggestion).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Optional
+
+import chex
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from fresh_rl.validation import require_choice, require_in_range
+
+BETA_RULES = ("centre_of_mass", "mean_age", "one_minus_inverse")
+
+
+def ewma_beta_from_staleness(staleness_window: float, rule: str = "centre_of_mass") -> float:
+    """β from the staleness window W (the maximum version lag), by a documented rule.
+
+    The paper's formula is unknown (old_logits.md §4.2); the rules match the EWMA centre of
+    mass β/(1 − β) to an age:
+      ``"centre_of_mass"`` (default): β = W/(W + 1), centre of mass W;
+      ``"mean_age"``: β = W/(W + 2), centre of mass W/2 (mean age of uniformly stale data);
+      ``"one_minus_inverse"``: β = 1 − 1/W, centre of mass W − 1 (needs W ≥ 1).
+    W = 0 (synchronous) gives β = 0, i.e. θ_ref = θ, for the first two rules.
+    """
+    require_choice("rule", rule, BETA_RULES)
+    low = 1.0 if rule == "one_minus_inverse" else 0.0
+    require_in_range("staleness_window", staleness_window, low, math.inf)
+    if rule == "centre_of_mass":
+        return staleness_window / (staleness_window + 1.0)
+    if rule == "mean_age":
+        return staleness_window / (staleness_window + 2.0)
+    return 1.0 - 1.0 / staleness_window
+
+
+@dataclasses.dataclass(frozen=True)
+class EWMAConfig:
+    """Settings of the EWMA reference.
+
+    Attributes:
+      beta: β ∈ [0, 1]; see :func:`ewma_beta_from_staleness` (use :meth:`from_staleness`).
+      reset_active_fraction: τ ∈ [0, 1] or ``None`` (no reset). Reset θ_ref ← θ when the
+        active-token fraction falls below τ. The paper's τ is unknown; the default 0.9 is
+        the placeholder suggested in old_logits.md §4.2 (0.9–0.95 for token MIS [0.5, 2]).
+    """
+
+    beta: float
+    reset_active_fraction: Optional[float] = 0.9
+
+    def __post_init__(self):
+        require_in_range("beta", self.beta, 0.0, 1.0)
+        if self.reset_active_fraction is not None:
+            require_in_range("reset_active_fraction", self.reset_active_fraction, 0.0, 1.0)
+
+    @classmethod
+    def from_staleness(
+        cls, staleness_window: float, rule: str = "centre_of_mass", reset_active_fraction: Optional[float] = 0.9
+    ) -> "EWMAConfig":
+        """Config with β = :func:`ewma_beta_from_staleness` (W, rule)."""
+        return cls(ewma_beta_from_staleness(staleness_window, rule), reset_active_fraction)
+
+
+@struct.dataclass
+class EWMAReference:
+    """θ_ref (a parameter pytree like θ) and the number of auto-resets so far (for logging)."""
+
+    params: Any
+    reset_count: chex.Array
+
+
+def init_ewma_reference(params: Any) -> EWMAReference:
+    """θ_ref = θ_0 (old_logits.md §4.2)."""
+    return EWMAReference(params=params, reset_count=jnp.zeros((), jnp.int32))
+
+
+def ewma_update(reference: EWMAReference, params: Any, config: EWMAConfig) -> EWMAReference:
+    """``θ_ref ← β θ_ref + (1 − β) θ`` as one ``tree_map`` (Hilton et al. 2021, arXiv 2110.00641, PPO-EWMA).
+
+    Each leaf is combined in at least float32 and cast back, so bfloat16 leaves keep their
+    dtype without accumulating rounding in the mix.
+    """
+    chex.assert_trees_all_equal_shapes_and_dtypes(reference.params, params)
+    beta = config.beta
+
+    def mix(ref, p):
+        compute = jnp.promote_types(ref.dtype, jnp.float32)
+        return (beta * ref.astype(compute) + (1.0 - beta) * p.astype(compute)).astype(ref.dtype)
+
+    return reference.replace(params=jax.tree_util.tree_map(mix, reference.params, params))
+
+
+def ewma_maybe_reset(
+    reference: EWMAReference, params: Any, active_fraction: chex.Array, config: EWMAConfig
+) -> EWMAReference:
+    """Auto-reset: ``θ_ref ← θ`` if ``active_fraction < τ`` (jittable, no Python branch on data).
+
+    ``active_fraction`` is ρ_active from :func:`decoupled_ppo_loss` computed with the current
+    θ_ref. With ``reset_active_fraction=None`` the reference is returned unchanged.
+    """
+    if config.reset_active_fraction is None:
+        return reference
+    chex.assert_trees_all_equal_shapes_and_dtypes(reference.params, params)
+    reset = jnp.asarray(active_fraction) < config.reset_active_fraction
+    new_params = jax.tree_util.tree_map(lambda ref, p: jnp.where(reset, p, ref), reference.params, params)
+    return EWMAReference(params=new_params, reset_count=reference.reset_count + reset.astype(jnp.int32))

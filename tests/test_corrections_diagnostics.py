@@ -1,0 +1,111 @@
+"""Diagnostics: approximate KL (k1/k2/k3), ESS, TV estimate, ratio statistics."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from fresh_rl.corrections import (
+    approx_kl,
+    effective_sample_size,
+    masked_mean,
+    policy_diagnostics,
+    ratio_statistics,
+    tv_estimate,
+    version_lag_statistics,
+)
+
+diagnostics_jit = jax.jit(policy_diagnostics)
+
+
+def sample_two_categoricals(seed, n=40000, k=5):
+    """Actions from p (the reference) and log r = log q(a) − log p(a); exact KL(p‖q), TV(p, q)."""
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.ones(k) * 3)
+    q = rng.dirichlet(np.ones(k) * 3)
+    actions = rng.choice(k, size=n, p=p)
+    log_ratio = np.log(q[actions]) - np.log(p[actions])
+    return log_ratio.astype(np.float32), float(np.sum(p * np.log(p / q))), 0.5 * float(np.abs(p - q).sum())
+
+
+def test_kl_and_tv_estimators_are_consistent_for_categoricals():
+    log_ratio, kl, tv = sample_two_categoricals(0)
+    out = approx_kl(log_ratio)
+    assert float(out["kl_k1"]) == pytest.approx(kl, abs=0.02)
+    assert float(out["kl_k3"]) == pytest.approx(kl, abs=0.02)
+    assert float(tv_estimate(log_ratio)) == pytest.approx(tv, abs=0.02)
+
+
+@given(seed=st.integers(0, 2**31 - 1))
+def test_diagnostics_match_numpy_on_valid_entries(seed):
+    rng = np.random.default_rng(seed)
+    log_r = (0.5 * rng.normal(size=(3, 7))).astype(np.float32)
+    mask = rng.random((3, 7)) > 0.3
+    mask[0, 0] = True
+    out = diagnostics_jit(log_r, mask)
+    lr = log_r.astype(np.float64)[mask]
+    r = np.exp(lr)
+    expected = {
+        "tv": 0.5 * np.abs(r - 1).mean(),
+        "kl_k1": (-lr).mean(),
+        "kl_k2": (0.5 * lr**2).mean(),
+        "kl_k3": (r - 1 - lr).mean(),
+        "ess": r.sum() ** 2 / (len(r) * (r**2).sum()),
+        "ratio_mean": r.mean(),
+        "ratio_std": r.std(),
+        "ratio_min": r.min(),
+        "ratio_max": r.max(),
+        "log_ratio_abs_mean": np.abs(lr).mean(),
+    }
+    for key, value in expected.items():
+        np.testing.assert_allclose(out[key], value, rtol=2e-5, atol=1e-6, err_msg=key)
+    assert float(out["kl_k2"]) >= 0 and float(out["kl_k3"]) >= 0
+    # masked entries never matter
+    dirty = np.where(mask, log_r, np.float32(np.nan))
+    dirty_out = diagnostics_jit(dirty, mask)
+    for key in out:
+        np.testing.assert_array_equal(out[key], dirty_out[key], err_msg=key)
+
+
+@given(seed=st.integers(0, 2**31 - 1), scale=st.floats(1e-3, 1e3))
+def test_ess_is_scale_invariant_and_bounded(seed, scale):
+    w = np.random.default_rng(seed).exponential(size=12).astype(np.float32)
+    ess = float(effective_sample_size(w))
+    assert 1 / 12 - 1e-6 <= ess <= 1 + 1e-6
+    assert float(effective_sample_size(np.float32(scale) * w)) == pytest.approx(ess, rel=1e-4)
+
+
+def test_ess_extremes_and_empty_mask():
+    assert float(effective_sample_size(np.ones(8, np.float32))) == pytest.approx(1.0)
+    one_hot = np.zeros(8, np.float32)
+    one_hot[3] = 5.0
+    assert float(effective_sample_size(one_hot)) == pytest.approx(1 / 8)
+    empty = np.zeros(8, bool)
+    assert float(effective_sample_size(np.ones(8, np.float32), empty)) == 1.0
+    stats = ratio_statistics(np.ones(8, np.float32), empty)
+    assert float(stats["ratio_min"]) == 1.0 and float(stats["ratio_max"]) == 1.0
+    assert float(masked_mean(jnp.ones(8), empty)) == 0.0
+
+
+def test_diagnostics_carry_no_gradient():
+    log_r = jnp.asarray(np.linspace(-1, 1, 6), jnp.float32)
+    grad = jax.grad(lambda x: sum(policy_diagnostics(x).values()))(log_r)
+    np.testing.assert_array_equal(grad, 0.0)
+
+
+def test_bad_inputs_fail_with_chex_messages():
+    with pytest.raises(AssertionError):
+        tv_estimate(np.zeros(4, np.int32))
+    with pytest.raises(AssertionError, match="shape"):
+        approx_kl(np.zeros(4, np.float32), np.ones(3, bool))
+
+
+def test_version_lag_statistics():
+    versions = np.array([[7, 5, 2], [6, 6, 0]], np.int32)
+    mask = np.array([[True, True, False], [True, True, False]])
+    out = version_lag_statistics(versions, 7, mask)
+    assert float(out["lag_mean"]) == pytest.approx((0 + 2 + 1 + 1) / 4)
+    assert float(out["lag_max"]) == 2.0
+    assert float(version_lag_statistics(versions, 7, np.zeros_like(mask))["lag_max"]) == 0.0
+    with pytest.raises(AssertionError):
+        version_lag_statistics(versions.astype(np.float32), 7)

@@ -1,0 +1,105 @@
+"""Revised PPO-EWMA reference tree: update rule, β from the staleness window, auto-reset."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from fresh_rl.corrections import (
+    EWMAConfig,
+    ewma_beta_from_staleness,
+    ewma_maybe_reset,
+    ewma_update,
+    init_ewma_reference,
+)
+
+
+def make_params(seed, scale=1.0):
+    rng = np.random.default_rng(seed)
+    return {
+        "dense": {"kernel": jnp.asarray(scale * rng.normal(size=(3, 2)), jnp.float32),
+                  "bias": jnp.asarray(scale * rng.normal(size=(2,)), jnp.float32)},
+        "embed": jnp.asarray(scale * rng.normal(size=(4,)), jnp.bfloat16),
+    }
+
+
+update_jit = jax.jit(ewma_update, static_argnums=2)
+reset_jit = jax.jit(ewma_maybe_reset, static_argnums=3)
+
+
+@given(seed=st.integers(0, 2**31 - 1), beta=st.floats(0.0, 1.0))
+def test_update_is_the_convex_combination_per_leaf_and_keeps_dtypes(seed, beta):
+    ref, params = init_ewma_reference(make_params(seed)), make_params(seed + 1)
+    config = EWMAConfig(beta=beta)
+    new = ewma_update(ref, params, config)
+    for r, p, n in zip(jax.tree.leaves(ref.params), jax.tree.leaves(params), jax.tree.leaves(new.params)):
+        assert n.dtype == r.dtype and n.shape == r.shape
+        expected = beta * np.asarray(r, np.float64) + (1 - beta) * np.asarray(p, np.float64)
+        tol = 1e-2 if r.dtype == jnp.bfloat16 else 1e-6
+        np.testing.assert_allclose(np.asarray(n, np.float64), expected, rtol=tol, atol=tol)
+    assert int(new.reset_count) == 0
+
+
+def test_update_works_under_jit():
+    ref, params = init_ewma_reference(make_params(0)), make_params(1)
+    config = EWMAConfig(beta=0.75)
+    jitted, eager = update_jit(ref, params, config), ewma_update(ref, params, config)
+    for a, b in zip(jax.tree.leaves(jitted), jax.tree.leaves(eager)):
+        tol = 1e-2 if a.dtype == jnp.bfloat16 else 1e-6  # XLA may fuse into an FMA under jit
+        np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=tol)
+
+
+@pytest.mark.parametrize("window", [1, 2, 4, 8])
+def test_default_beta_puts_the_reference_window_versions_behind(window):
+    """θ_v = v·c drifting linearly: in steady state θ − θ_ref = β/(1−β)·c = W·c, so the
+    EWMA reference sits W versions behind the current parameters (centre of mass W)."""
+    config = EWMAConfig.from_staleness(window)
+    assert config.beta == pytest.approx(window / (window + 1))
+    ref = init_ewma_reference({"w": jnp.zeros(())})
+    for version in range(1, 400):
+        ref = update_jit(ref, {"w": jnp.asarray(float(version))}, config)
+    np.testing.assert_allclose(399.0 - float(ref.params["w"]), window, rtol=1e-3)
+
+
+def test_beta_rules():
+    assert ewma_beta_from_staleness(4) == pytest.approx(0.8)
+    assert ewma_beta_from_staleness(4, "mean_age") == pytest.approx(4 / 6)
+    assert ewma_beta_from_staleness(4, "one_minus_inverse") == pytest.approx(0.75)
+    assert ewma_beta_from_staleness(0) == 0.0  # synchronous: θ_ref = θ
+
+
+def test_reset_when_active_fraction_falls_below_threshold():
+    ref, params = init_ewma_reference(make_params(0)), make_params(1)
+    config = EWMAConfig(beta=0.9, reset_active_fraction=0.9)
+    kept = reset_jit(ref, params, jnp.float32(0.95), config)
+    reset = reset_jit(kept, params, jnp.float32(0.5), config)
+    for r, k, n, p in zip(*(jax.tree.leaves(x) for x in (ref.params, kept.params, reset.params, params))):
+        np.testing.assert_array_equal(k, r)
+        np.testing.assert_array_equal(n, p)
+    assert int(kept.reset_count) == 0 and int(reset.reset_count) == 1
+    disabled = ewma_maybe_reset(ref, params, 0.0, EWMAConfig(beta=0.9, reset_active_fraction=None))
+    assert disabled is ref
+
+
+@pytest.mark.parametrize(
+    "make, field",
+    [
+        (lambda: EWMAConfig(beta=1.5), "beta"),
+        (lambda: EWMAConfig(beta=-0.1), "beta"),
+        (lambda: EWMAConfig(beta=float("nan")), "beta"),
+        (lambda: EWMAConfig(beta=0.5, reset_active_fraction=1.1), "reset_active_fraction"),
+        (lambda: ewma_beta_from_staleness(-1), "staleness_window"),
+        (lambda: ewma_beta_from_staleness(0.5, "one_minus_inverse"), "staleness_window"),
+        (lambda: ewma_beta_from_staleness(2, "halflife"), "rule"),
+        (lambda: EWMAConfig.from_staleness(-3), "staleness_window"),
+    ],
+)
+def test_bad_configuration_raises_value_error_naming_the_field(make, field):
+    with pytest.raises(ValueError, match=field):
+        make()
+
+
+def test_mismatched_trees_fail_with_chex_message():
+    ref = init_ewma_reference(make_params(0))
+    with pytest.raises(AssertionError):
+        ewma_update(ref, {"dense": make_params(1)["dense"]}, EWMAConfig(beta=0.5))
