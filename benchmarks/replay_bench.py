@@ -42,6 +42,7 @@ from fresh_rl.replay import ReplayConfig, make_trajectory_buffer, segment_tree
 TOKENS = 16
 ALPHA, TAU = 0.6, 500.0
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "bench"
+LOAD_AT_START = ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def item():
@@ -257,7 +258,8 @@ def write_tables(records, args, wall):
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, jax {jax.__version__}, "
         f"flashbax {getattr(fbx, '__version__', '0.1.3')}; commit {commit}; "
         f"wall time {wall / 60:.1f} min.",
-        f"Command: `python benchmarks/replay_bench.py {' '.join(_cli(args))}`".rstrip(),
+        f"Command: `python benchmarks/replay_bench.py {' '.join(_cli(args))}`".rstrip()
+        + f"; load average at start {LOAD_AT_START}.",
         "",
         "Microseconds per call, median of steady-state repeats; `scan` = inside one jitted "
         "`lax.scan` with donated state, `loop` = Python loop of single jitted calls. "
@@ -298,10 +300,11 @@ def write_tables(records, args, wall):
 
 
 def _cli(args):
-    parts = []
     if args.quick:
-        parts.append("--quick")
-    return parts
+        return ["--quick"]
+    return [f"--capacities {' '.join(map(str, args.capacities))}",
+            f"--batches {' '.join(map(str, args.batches))}", f"--scan-steps {args.scan_steps}",
+            f"--loop-calls {args.loop_calls}", f"--repeats {args.repeats}"]
 
 
 if __name__ == "__main__":

@@ -258,14 +258,13 @@ def _rebase(config: ReplayConfig, state: ReplayState, reference_version) -> Repl
     )
 
 
-def _write_keys(config, state: ReplayState, slots, write_mask) -> ReplayState:
-    """Writes the keys of ``slots`` (from their stored priority and version) into both trees.
-
-    The unmasked ``slots`` must be distinct (callers resolve duplicates first).
-    """
-    log_keys = _log_keys(
-        config, state.base_priority[slots], state.insert_version[slots], state.reference_version
-    )
+def _write_keys(
+    config, state: ReplayState, slots, base_priority, insert_version, write_mask
+) -> ReplayState:
+    """Writes the keys of items ``slots`` (priority ``base_priority``, version
+    ``insert_version``) into the tree. Unmasked ``slots`` must be distinct (callers resolve
+    duplicates first)."""
+    log_keys = _log_keys(config, base_priority, insert_version, state.reference_version)
     tree_leaves = _tree_leaves_from_log_keys(log_keys, jnp.ones_like(write_mask))
     return state.replace(
         priority_tree=segment_tree.write(
@@ -344,7 +343,7 @@ def _add(
         state = jax.lax.cond(
             overflow, lambda s: _rebase(config, s, newest), lambda s: s, state
         )
-    return _write_keys(config, state, slots, jnp.ones((batch_size,), bool))
+    return _write_keys(config, state, slots, new_priority, versions, jnp.ones((batch_size,), bool))
 
 
 def _sampling_probabilities(config: ReplayConfig, state: ReplayState) -> jax.Array:
@@ -457,7 +456,9 @@ def _set_priorities(
         ),
         num_rejected_writes=state.num_rejected_writes + jnp.sum(~write_mask).astype(jnp.int32),
     )
-    return _write_keys(config, state, safe_indices, keep)
+    return _write_keys(
+        config, state, safe_indices, priorities, state.insert_version[safe_indices], keep
+    )
 
 
 def _can_sample(config: ReplayConfig, state: ReplayState) -> jax.Array:
