@@ -175,16 +175,32 @@ def test_no_float32_drift_after_1e5_batched_writes():
     assert int(bad_samples) == 0
 
 
-def test_guarded_descent_never_enters_empty_subtrees():
-    """Rounding can leave a residual at or above a subtree's mass; simulate it directly.
-
-    The plain walk then falls off into empty leaves, the guarded one (which ``sample`` falls
-    back to whenever a row lands on an empty leaf) never does.
-    """
+def test_descent_never_enters_empty_subtrees_even_with_overflowing_residuals():
+    """Rounding can leave a residual at or above a subtree's mass; simulate it directly by
+    starting the walk with residuals ≥ the total. An unguarded walk would go right into the
+    empty leaves 5..7; ours stays on positive leaves."""
     values = jnp.asarray([0.0, 1.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0], jnp.float32)
     nodes = segment_tree.build(values[:, None], ("sum",))
-    residuals = jnp.asarray([3.0, 3.5, 100.0, 0.0], jnp.float32)  # ≥ total: impossible exactly
-    plain = np.asarray(segment_tree._descend(nodes, residuals, 0, guarded=False))
-    guarded = np.asarray(segment_tree._descend(nodes, residuals, 0, guarded=True))
-    assert np.any(np.asarray(values)[plain] == 0)
-    assert np.all(np.asarray(values)[guarded] > 0)
+    residuals = jnp.asarray([3.0, 3.5, 100.0, 0.0], jnp.float32)
+    leaves = np.asarray(segment_tree._descend(nodes, residuals, 0))
+    assert np.all(np.asarray(values)[leaves] > 0)
+
+
+@given(
+    st.lists(st.integers(0, 9), min_size=1, max_size=12),
+    st.data(),
+    st.booleans(),
+)
+def test_last_write_wins_matches_sequential_reference(indices, data, presort):
+    """Both the sorted fast path and the sort path keep exactly the last unmasked write."""
+    if presort:
+        indices = sorted(indices)
+    mask = data.draw(st.lists(st.booleans(), min_size=len(indices), max_size=len(indices)))
+    winner = {}
+    for position, (i, m) in enumerate(zip(indices, mask)):
+        if m:
+            winner[i] = position
+    expected = [winner.get(i) == p for p, i in enumerate(indices)]
+    for bound in (None, 10):
+        got = segment_tree.last_write_wins(jnp.asarray(indices), jnp.asarray(mask), index_bound=bound)
+        assert np.asarray(got).tolist() == expected

@@ -23,9 +23,10 @@ behaviour policy), the unit of the lag simulator; τ is in the same unit. FreshP
 outer pipeline iterations; rescale τ if your version clock ticks differently.
 
 **Importance-weight normaliser.** ``"buffer"`` (default; Schaul et al., and the authors' code
-via a min-tree) divides by the largest weight over all sampleable items, tracked by a min-tree
-over ``log u_i`` (log space, so decayed keys never underflow to 0 there); ``"batch"`` divides
-by the largest weight in the sampled batch. Items of zero priority cannot be sampled and are
+via a min-tree) divides by the largest weight over all sampleable items, tracked by a second
+tree column holding the min of ``log u_i`` (log space, so decayed keys never underflow to 0
+there); ``"batch"`` divides by the largest weight in the sampled batch and keeps only the sum
+column (about half the memory traffic per write, see ``benchmarks/replay_bench.py``). Items of zero priority cannot be sampled and are
 left out of the min. β may be passed per call (e.g. ``optax.linear_schedule(0.4, 1.0, n)``
 for the annealing the FreshPER README mentions; the authors' code keeps β constant).
 
@@ -135,8 +136,9 @@ class ReplayState:
       latest_version: largest version inserted so far (the default "now" for ages).
       max_priority: running max of base priorities (priority of new items under "max").
       reference_version: t_ref of the stored keys.
-      priority_tree: ``[2P, 2]`` segment tree; column 0 sums u_i (sampling), column 1 takes
-        the min of log u_i (+inf for empty or zero-priority slots; importance weights).
+      priority_tree: ``[2P, K]`` segment tree; column 0 sums u_i (sampling); with "buffer"
+        weight normalisation column 1 takes the min of log u_i (+inf for empty or
+        zero-priority slots), the normaliser of the importance weights.
       num_rejected_writes: invalid priority writes skipped by the jit fallback.
     """
 
@@ -203,12 +205,16 @@ def _log_keys(config: ReplayConfig, base_priority, insert_version, reference_ver
     return log_priority + age_term
 
 
-_TREE_COLUMNS = ("sum", "min")  # (u_i for sampling, log u_i for the weight normaliser)
+def _tree_columns(config: ReplayConfig) -> tuple[str, ...]:
+    """Sum of u_i (sampling), plus min of log u_i only for buffer-wide weight normalisation."""
+    return ("sum", "min") if config.importance_weight_normalization == "buffer" else ("sum",)
 
 
-def _tree_leaves_from_log_keys(log_keys, valid):
-    """``[..., 2]`` leaves: (u_i, log u_i), identities for empty or zero-priority slots."""
+def _tree_leaves_from_log_keys(config: ReplayConfig, log_keys, valid):
+    """``[..., K]`` leaves: u_i (and log u_i), identities for empty or zero-priority slots."""
     sum_leaves = jnp.where(valid, jnp.exp(log_keys), 0.0)
+    if len(_tree_columns(config)) == 1:
+        return sum_leaves[..., None]
     min_leaves = jnp.where(valid & jnp.isfinite(log_keys), log_keys, jnp.inf)
     return jnp.stack([sum_leaves, min_leaves], axis=-1)
 
@@ -234,7 +240,7 @@ def _init(config: ReplayConfig, example_trajectory: Any) -> ReplayState:
         latest_version=jnp.zeros((), jnp.int32),
         max_priority=jnp.ones((), jnp.float32),
         reference_version=jnp.zeros((), jnp.int32),
-        priority_tree=segment_tree.init(tree_capacity, _TREE_COLUMNS),
+        priority_tree=segment_tree.init(tree_capacity, _tree_columns(config)),
         num_rejected_writes=jnp.zeros((), jnp.int32),
     )
 
@@ -253,7 +259,7 @@ def _rebase(config: ReplayConfig, state: ReplayState, reference_version) -> Repl
     return state.replace(
         reference_version=reference_version,
         priority_tree=segment_tree.build(
-            _tree_leaves_from_log_keys(log_keys, state.valid), _TREE_COLUMNS
+            _tree_leaves_from_log_keys(config, log_keys, state.valid), _tree_columns(config)
         ),
     )
 
@@ -265,10 +271,10 @@ def _write_keys(
     ``insert_version``) into the tree. Unmasked ``slots`` must be distinct (callers resolve
     duplicates first)."""
     log_keys = _log_keys(config, base_priority, insert_version, state.reference_version)
-    tree_leaves = _tree_leaves_from_log_keys(log_keys, jnp.ones_like(write_mask))
+    tree_leaves = _tree_leaves_from_log_keys(config, log_keys, jnp.ones_like(write_mask))
     return state.replace(
         priority_tree=segment_tree.write(
-            state.priority_tree, slots, tree_leaves, _TREE_COLUMNS, write_mask,
+            state.priority_tree, slots, tree_leaves, _tree_columns(config), write_mask,
             indices_are_unique=True,
         )
     )
@@ -387,16 +393,16 @@ def _sample(
     now = state.latest_version if current_version is None else jnp.asarray(current_version)
 
     if config.prioritized:
-        sum_total, log_key_min = segment_tree.total(state.priority_tree)
-        targets = segment_tree.stratified_targets(key, sum_total, batch_size)
+        roots = segment_tree.total(state.priority_tree)
+        targets = segment_tree.stratified_targets(key, roots[0], batch_size)
         indices = segment_tree.sample(state.priority_tree, targets)
         num_leaves = state.priority_tree.shape[0] // 2
-        sampled_keys = state.priority_tree[num_leaves + indices]  # [B, 2]: (u_i, log u_i)
-        probabilities = sampled_keys[:, 0] / sum_total
-        log_keys = sampled_keys[:, 1]
+        sampled_keys = state.priority_tree[num_leaves + indices]  # [B, K]: u_i (, log u_i)
+        probabilities = sampled_keys[:, 0] / roots[0]
         if config.importance_weight_normalization == "buffer":
-            log_key_floor = log_key_min
+            log_keys, log_key_floor = sampled_keys[:, 1], roots[1]
         else:
+            log_keys = jnp.log(sampled_keys[:, 0])
             log_key_floor = jnp.min(log_keys)
         # w_i / max_j w_j = (P_i / P_min)^(−β) = exp(−β (log u_i − log u_min)).
         weights = jnp.exp(-beta * (log_keys - log_key_floor))
