@@ -1,0 +1,4 @@
+"""Small-LLM stack: Qwen2-architecture LM (model), HF checkpoint loading (checkpoint),
+tokenizers (tokenizer), bf16 KV-cache sampler and fp32 training forward (sampler),
+jittable text tasks (tasks), batched multi-turn episodes (rollout), supervised warm start
+(warm_start)."""

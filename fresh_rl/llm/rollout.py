@@ -1,0 +1,119 @@
+"""Batched multi-turn episodes of a text task, as one jittable scan over turns.
+
+Transcript layout (right-padded, `[B, env.transcript_len]`):
+  BOS, obs_1, action_1, obs_2, action_2, ...        (no observation after the last action)
+`action_mask` marks the tokens the policy produced (what a policy-gradient loss trains on);
+`behavior_logprobs` holds the sampler's log-probs there (the inference-engine pi_infer).
+
+A policy is `policy(key, tokens [B, T], lengths [B], env_states) -> (actions [B, A],
+action_lengths [B], action_logprobs [B, A])`; `model_policy` samples from the LM (bf16,
+KV cache), `expert_policy` replays the task's demonstration (supervised warm start).
+"""
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from fresh_rl.llm.model import Qwen2Config
+from fresh_rl.llm.sampler import SamplingConfig, generate
+from fresh_rl.llm.tasks import text
+
+
+@flax.struct.dataclass
+class Episodes:
+    tokens: jax.Array  # [B, T]
+    mask: jax.Array  # [B, T]
+    action_mask: jax.Array  # [B, T]
+    behavior_logprobs: jax.Array  # [B, T]
+    rewards: jax.Array  # [B, max_turns] per-turn reward (0 after the episode ended)
+    turn_mask: jax.Array  # [B, max_turns] turns that were played
+    success: jax.Array  # [B] the task's verifiable success at any turn
+    format_ok: jax.Array  # [B, max_turns]
+
+    @property
+    def returns(self):
+        return self.rewards.sum(axis=1)
+
+
+def _write(buffer, start, values, count):
+    """buffer[start:start+count] = values[:count] for one row (any dtype)."""
+    m = values.shape[0]
+    idx = jnp.where(jnp.arange(m) < count, start + jnp.arange(m), buffer.shape[0])
+    return buffer.at[idx].set(values.astype(buffer.dtype), mode="drop")
+
+
+def right_to_left_padded(tokens, lengths):
+    """Moves each row's first `lengths[b]` tokens to the end: `(tokens, mask)` left-padded."""
+    width = tokens.shape[1]
+    mask = jnp.arange(width)[None] < lengths[:, None]
+    shift = width - lengths
+    roll = jax.vmap(lambda row, s: jnp.roll(row, s))
+    return roll(tokens, shift), roll(mask, shift)
+
+
+def model_policy(params, model_config: Qwen2Config, sampling: SamplingConfig):
+    """LM policy: samples the next action from the transcript (stop token must be EOS)."""
+    if text.EOS not in sampling.stop_tokens:
+        raise ValueError(f"SamplingConfig.stop_tokens must contain EOS={text.EOS} for tasks")
+
+    def policy(key, tokens, lengths, states):
+        del states
+        prompt, prompt_mask = right_to_left_padded(tokens, lengths)
+        gen = generate(params, model_config, sampling, prompt, prompt_mask, key)
+        return gen.tokens, gen.lengths, gen.logprobs
+
+    return policy
+
+
+def expert_policy(env):
+    def policy(key, tokens, lengths, states):
+        del key, tokens, lengths
+        actions, action_lengths = jax.vmap(env.expert_action)(states)
+        return actions, action_lengths, jnp.zeros(actions.shape, jnp.float32)
+
+    return policy
+
+
+def run_episodes(env, policy, key, batch: int) -> Episodes:
+    """Plays `batch` episodes of `env` with `policy` (pure; jit it with env/policy closed)."""
+    width = env.transcript_len
+    k_reset, k_policy = jax.random.split(key)
+    obs, obs_len, states = jax.vmap(env.reset)(jax.random.split(k_reset, batch))
+    tokens = jnp.zeros((batch, width), jnp.int32).at[:, 0].set(text.BOS)
+    tokens = jax.vmap(_write)(tokens, jnp.ones(batch, jnp.int32), obs, obs_len)
+    lengths = 1 + obs_len
+    action_mask = jnp.zeros((batch, width), bool)
+    behavior = jnp.zeros((batch, width), jnp.float32)
+
+    def turn(carry, key):
+        tokens, lengths, action_mask, behavior, states, done = carry
+        active = ~done
+        actions, action_lengths, logprobs = policy(key, tokens, lengths, states)
+        if actions.shape[1] != env.action_len:
+            actions = jnp.pad(actions, ((0, 0), (0, env.action_len - actions.shape[1])))
+        written = jnp.where(active, action_lengths, 0)
+        tokens = jax.vmap(_write)(tokens, lengths, actions, written)
+        action_mask = jax.vmap(_write)(action_mask, lengths, jnp.ones_like(actions, bool),
+                                       written)
+        behavior = jax.vmap(_write)(behavior, lengths, logprobs, written)
+        lengths = lengths + written
+        obs, obs_len, new_states, reward, step_done, info = jax.vmap(env.step)(
+            states, actions, action_lengths)
+        states = jax.tree_util.tree_map(
+            lambda new, old: jnp.where(active.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
+            new_states, states)
+        done = done | step_done
+        shown = jnp.where(active & ~done, obs_len, 0)
+        tokens = jax.vmap(_write)(tokens, lengths, obs, shown)
+        lengths = lengths + shown
+        out = (jnp.where(active, reward, 0.0), active, active & info["success"],
+               active & info["format_ok"])
+        return (tokens, lengths, action_mask, behavior, states, done), out
+
+    init = (tokens, lengths, action_mask, behavior, states, jnp.zeros(batch, bool))
+    (tokens, lengths, action_mask, behavior, _, _), (rewards, active, success, fmt) = \
+        jax.lax.scan(turn, init, jax.random.split(k_policy, env.max_turns))
+    return Episodes(tokens=tokens, mask=jnp.arange(width)[None] < lengths[:, None],
+                    action_mask=action_mask, behavior_logprobs=behavior, rewards=rewards.T,
+                    turn_mask=active.T, success=success.any(axis=0), format_ok=fmt.T)

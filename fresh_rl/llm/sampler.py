@@ -1,0 +1,245 @@
+"""Inference engine (bf16 KV-cache sampler) and training engine (fp32 log-probs and entropy).
+
+The sampler runs the model with bfloat16 weights and activations; the training forward runs
+it in float32. Their log-probs of the same tokens differ, so the train-inference ratio
+r_d = pi_train / pi_infer (papers/old_logits.md) is real rather than injected.
+
+Sequence layout: prompts are LEFT-padded `[B, P]` with an explicit `prompt_mask`; the
+sampler writes generated tokens to cache slots P..P+N-1 and RoPE positions
+`prompt_len_b + t`, so `concat(prompt, generation)` with `concat(prompt_mask, gen.mask)` is
+exactly what the training forward consumes (`positions = cumsum(mask) - 1`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import chex
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fresh_rl.llm.model import KVCache, Qwen2Config, Qwen2LM, cast_params
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """Static sampling settings.
+
+    temperature 0 means greedy; top_k 0 and top_p 1 disable those filters. `stop_tokens`
+    end a row (the stop token is kept, with mask 1). `dtype` is the inference compute dtype.
+    """
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    stop_tokens: tuple[int, ...] = ()
+    pad_id: int = 0
+    dtype: str = "bfloat16"
+
+    def __post_init__(self):
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"SamplingConfig.max_new_tokens must be an integer >= 1, "
+                             f"got {self.max_new_tokens!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"SamplingConfig.temperature must be >= 0 (0 = greedy), "
+                             f"got {self.temperature}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"SamplingConfig.top_k must be an integer >= 0 (0 = off), "
+                             f"got {self.top_k!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p}")
+        if self.dtype not in ("bfloat16", "float32"):
+            raise ValueError(f"SamplingConfig.dtype must be 'bfloat16' or 'float32', "
+                             f"got {self.dtype!r}")
+
+
+@flax.struct.dataclass
+class Generation:
+    """Sampler output, all `[B, N]` except `lengths [B]`.
+
+    logprobs: log-prob of each token under the distribution it was drawn from (after
+    temperature / top-k / top-p; for greedy, the temperature-1 distribution), 0 where masked.
+    """
+
+    tokens: jax.Array
+    logprobs: jax.Array
+    mask: jax.Array
+    lengths: jax.Array
+
+
+def positions_from_mask(mask: jax.Array) -> jax.Array:
+    """RoPE positions of a left- or right-padded batch: cumsum(mask) - 1, clipped at 0."""
+    return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=1) - 1, 0)
+
+
+def _check_inputs(model_config: Qwen2Config, prompt_tokens, prompt_mask, total_len: int):
+    chex.assert_rank([prompt_tokens, prompt_mask], 2)
+    chex.assert_equal_shape([prompt_tokens, prompt_mask])
+    if total_len > model_config.max_position_embeddings:
+        raise ValueError(f"prompt length + new tokens = {total_len} exceeds the context "
+                         f"max_position_embeddings={model_config.max_position_embeddings}")
+    if not isinstance(prompt_tokens, jax.core.Tracer):
+        tokens = np.asarray(prompt_tokens)
+        valid = np.asarray(prompt_mask).astype(bool)
+        bad = valid & ((tokens < 0) | (tokens >= model_config.vocab_size))
+        if bad.any():
+            raise ValueError(f"prompt token {tokens[bad][0]} is out of the vocabulary "
+                             f"[0, {model_config.vocab_size})")
+        if not valid[:, -1].all():
+            raise ValueError("prompts must be left-padded: prompt_mask[:, -1] must be 1 "
+                             "for every row")
+
+
+def _filter_and_sample(logits, key, sampling: SamplingConfig):
+    """Draws one token per row from logits `[B, V]`; returns (token, its log-prob)."""
+    if sampling.temperature == 0:
+        token = jnp.argmax(logits, axis=-1)
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+    scaled = logits / sampling.temperature
+    if sampling.top_k:
+        kth = jax.lax.top_k(scaled, sampling.top_k)[0][:, -1:]
+        scaled = jnp.where(scaled < kth, -jnp.inf, scaled)
+    if sampling.top_p < 1.0:
+        # Keep the smallest prefix of the sorted distribution whose mass reaches top_p.
+        sorted_logits = jnp.sort(scaled, axis=-1)[:, ::-1]
+        sorted_probs = jax.nn.softmax(sorted_logits, axis=-1)
+        mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+        keep = mass_before < sampling.top_p
+        threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+        scaled = jnp.where(scaled < threshold, -jnp.inf, scaled)
+    logp = jax.nn.log_softmax(scaled, axis=-1)
+    token = jax.random.categorical(key, scaled, axis=-1)
+    return token, jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+
+
+def _row_limits(max_new_per_row, batch, n):
+    if max_new_per_row is None:
+        return jnp.full((batch,), n, jnp.int32)
+    chex.assert_shape(max_new_per_row, (batch,))
+    return jnp.minimum(max_new_per_row.astype(jnp.int32), n)
+
+
+def _decode_loop(step_logits, first_logits, key, sampling, row_limit, state):
+    """Shared scan: sample, record, advance; `step_logits(state, token, t, active)`."""
+    n = sampling.max_new_tokens
+    stops = jnp.asarray(sampling.stop_tokens or (-1,), jnp.int32)
+
+    def body(carry, t):
+        state, logits, done, key = carry
+        key, sub = jax.random.split(key)
+        token, logp = _filter_and_sample(logits, sub, sampling)
+        active = ~done
+        token = jnp.where(active, token, sampling.pad_id).astype(jnp.int32)
+        logp = jnp.where(active, logp, 0.0)
+        done = done | (active & jnp.isin(token, stops)) | (t + 1 >= row_limit)
+        state, logits = step_logits(state, token, t, active)
+        return (state, logits, done, key), (token, logp, active)
+
+    done0 = row_limit <= 0
+    _, (tokens, logps, mask) = jax.lax.scan(body, (state, first_logits, done0, key),
+                                            jnp.arange(n))
+    tokens, logps, mask = tokens.T, logps.T, mask.T
+    return Generation(tokens=tokens, logprobs=logps.astype(jnp.float32), mask=mask,
+                      lengths=mask.sum(axis=1).astype(jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnames=("model_config", "sampling"))
+def _generate_cached(params, model_config, sampling, prompt_tokens, prompt_mask, key,
+                     max_new_per_row):
+    dtype = jnp.dtype(sampling.dtype)
+    model = Qwen2LM(model_config, dtype=dtype)
+    variables = {"params": cast_params(params, dtype)}
+    b, p = prompt_tokens.shape
+    n = sampling.max_new_tokens
+    cache = KVCache.zeros(model_config, b, p + n, dtype)
+    kv_valid = jnp.concatenate([prompt_mask.astype(bool), jnp.zeros((b, n), bool)], axis=1)
+    logits, cache = model.apply(variables, prompt_tokens, positions_from_mask(prompt_mask),
+                                kv_valid, cache, 0)
+    prompt_len = prompt_mask.astype(jnp.int32).sum(axis=1)
+
+    def step(state, token, t, active):
+        cache, kv_valid = state
+        kv_valid = jax.lax.dynamic_update_slice(kv_valid, active[:, None], (0, p + t))
+        logits, cache = model.apply(variables, token[:, None], (prompt_len + t)[:, None],
+                                    kv_valid, cache, p + t)
+        return (cache, kv_valid), logits[:, 0]
+
+    return _decode_loop(step, logits[:, -1], key, sampling,
+                        _row_limits(max_new_per_row, b, n), (cache, kv_valid))
+
+
+@functools.partial(jax.jit, static_argnames=("model_config", "sampling"))
+def _generate_uncached(params, model_config, sampling, prompt_tokens, prompt_mask, key,
+                       max_new_per_row):
+    dtype = jnp.dtype(sampling.dtype)
+    model = Qwen2LM(model_config, dtype=dtype)
+    variables = {"params": cast_params(params, dtype)}
+    b, p = prompt_tokens.shape
+    n = sampling.max_new_tokens
+    buffer = jnp.concatenate([prompt_tokens, jnp.full((b, n), sampling.pad_id,
+                                                      prompt_tokens.dtype)], axis=1)
+    valid = jnp.concatenate([prompt_mask.astype(bool), jnp.zeros((b, n), bool)], axis=1)
+
+    def full_forward_logits(buffer, valid, slot):
+        logits, _ = model.apply(variables, buffer, positions_from_mask(valid), valid)
+        return jax.lax.dynamic_index_in_dim(logits, slot, axis=1, keepdims=False)
+
+    def step(state, token, t, active):
+        buffer, valid = state
+        buffer = jax.lax.dynamic_update_slice(buffer, token[:, None].astype(buffer.dtype),
+                                              (0, p + t))
+        valid = jax.lax.dynamic_update_slice(valid, active[:, None], (0, p + t))
+        return (buffer, valid), full_forward_logits(buffer, valid, p + t)
+
+    return _decode_loop(step, full_forward_logits(buffer, valid, p - 1), key, sampling,
+                        _row_limits(max_new_per_row, b, n), (buffer, valid))
+
+
+def generate(params, model_config: Qwen2Config, sampling: SamplingConfig, prompt_tokens,
+             prompt_mask, key, max_new_per_row=None, use_cache: bool = True) -> Generation:
+    """Samples continuations of left-padded prompts `[B, P]` (jitted; KV cache by default).
+
+    `max_new_per_row [B]` caps each row's length (<= sampling.max_new_tokens).
+    `use_cache=False` recomputes the whole prefix every step (reference / benchmark baseline).
+    """
+    _check_inputs(model_config, prompt_tokens, prompt_mask,
+                  prompt_tokens.shape[1] + sampling.max_new_tokens)
+    fn = _generate_cached if use_cache else _generate_uncached
+    return fn(params, model_config, sampling, prompt_tokens, prompt_mask, key, max_new_per_row)
+
+
+def join_prompt_and_generation(prompt_tokens, prompt_mask, generation: Generation):
+    """Concatenates prompt and generation into the `[B, P+N]` tokens / mask of the trainer."""
+    tokens = jnp.concatenate([prompt_tokens, generation.tokens.astype(prompt_tokens.dtype)], 1)
+    mask = jnp.concatenate([prompt_mask.astype(bool), generation.mask.astype(bool)], axis=1)
+    return tokens, mask
+
+
+def token_logprobs_and_entropy(params, model_config: Qwen2Config, tokens, mask,
+                               temperature: float = 1.0):
+    """Training-engine forward in float32.
+
+    Returns `(logprobs, entropy)`, both `[B, T]`: entry t refers to the distribution
+    softmax(logits_{t-1} / temperature) that predicts token t from tokens < t;
+    logprobs[b, t] = log pi(tokens[b, t] | tokens[b, <t]), entropy[b, t] = H(that distribution).
+    Entries are 0 where token t or token t-1 is masked (and at t = 0).
+    """
+    chex.assert_rank([tokens, mask], 2)
+    chex.assert_equal_shape([tokens, mask])
+    if tokens.shape[1] > model_config.max_position_embeddings:
+        raise ValueError(f"sequence length {tokens.shape[1]} exceeds the context "
+                         f"max_position_embeddings={model_config.max_position_embeddings}")
+    mask = mask.astype(bool)
+    logits, _ = Qwen2LM(model_config).apply({"params": params}, tokens,
+                                            positions_from_mask(mask), mask)
+    logp_all = jax.nn.log_softmax(logits[:, :-1] / temperature, axis=-1)
+    logp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], axis=-1)[..., 0]
+    entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+    valid = mask[:, 1:] & mask[:, :-1]
+    pad = jnp.zeros((tokens.shape[0], 1), jnp.float32)
+    return (jnp.concatenate([pad, jnp.where(valid, logp, 0.0)], axis=1),
+            jnp.concatenate([pad, jnp.where(valid, entropy, 0.0)], axis=1))

@@ -1,0 +1,103 @@
+"""Qwen2 module: differential test vs transformers (committed fixture), loading, bad input."""
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fresh_rl.llm.checkpoint import (config_from_hf, load_hf_checkpoint, params_from_hf_tensors,
+                                     params_to_hf_tensors, read_safetensors, write_safetensors)
+from fresh_rl.llm.model import PRESETS, Qwen2Config, Qwen2LM, init_params, preset
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_tiny")
+
+
+def test_logits_match_transformers_reference():
+    """Fixture made by tests/fixtures/make_qwen2_reference.py with transformers + torch."""
+    config, params = load_hf_checkpoint(FIXTURE)
+    ref = np.load(os.path.join(FIXTURE, "reference.npz"))
+    logits, _ = Qwen2LM(config).apply({"params": params}, jnp.asarray(ref["input_ids"]),
+                                      jnp.asarray(ref["position_ids"]),
+                                      jnp.asarray(ref["attention_mask"]))
+    valid = ref["attention_mask"].astype(bool)
+    err = np.abs(np.asarray(logits) - ref["logits"])[valid]
+    assert np.abs(ref["logits"]).max() > 1.0  # the comparison is not between near-zero logits
+    assert err.max() < 1e-4, err.max()
+
+
+def test_safetensors_roundtrip_and_export():
+    config, params = load_hf_checkpoint(FIXTURE)
+    original = read_safetensors(os.path.join(FIXTURE, "model.safetensors"))
+    exported = params_to_hf_tensors(params, config)
+    assert set(exported) == set(original)
+    for name, array in original.items():
+        np.testing.assert_array_equal(exported[name], array)
+
+
+def test_bf16_safetensors_load(tmp_path):
+    import ml_dtypes
+    config, params = load_hf_checkpoint(FIXTURE)
+    tensors = {k: v.astype(ml_dtypes.bfloat16) for k, v in params_to_hf_tensors(params,
+                                                                              config).items()}
+    write_safetensors(str(tmp_path / "model.safetensors"), tensors)
+    loaded = params_from_hf_tensors(read_safetensors(str(tmp_path / "model.safetensors")), config)
+    np.testing.assert_allclose(loaded["norm"]["weight"], params["norm"]["weight"], rtol=1e-2)
+
+
+def test_mismatched_shape_names_the_tensor(tmp_path):
+    config, params = load_hf_checkpoint(FIXTURE)
+    tensors = params_to_hf_tensors(params, config)
+    tensors["model.layers.1.mlp.up_proj.weight"] = np.zeros((7, 64), np.float32)
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp\.up_proj\.weight.*\(7, 64\)"):
+        params_from_hf_tensors(tensors, config)
+    del tensors["model.norm.weight"]
+    with pytest.raises(ValueError, match="lacks tensors.*model.norm.weight"):
+        params_from_hf_tensors(tensors, config)
+
+
+def test_config_from_hf_reads_both_rope_layouts():
+    with open(os.path.join(FIXTURE, "config.json")) as f:
+        hf = json.load(f)
+    assert config_from_hf(hf).rope_theta == 5000.0
+    old_style = {k: v for k, v in hf.items() if k != "rope_parameters"} | {"rope_theta": 7.0}
+    assert config_from_hf(old_style).rope_theta == 7.0
+    with pytest.raises(ValueError, match="RoPE scaling"):
+        config_from_hf(hf | {"rope_parameters": {"rope_type": "yarn", "factor": 4.0}})
+    with pytest.raises(ValueError, match="use_sliding_window"):
+        config_from_hf(hf | {"use_sliding_window": True})
+
+
+def test_presets_and_bad_config():
+    assert preset("qwen2.5-0.5b").num_key_value_heads == 2
+    with pytest.raises(ValueError, match="unknown model preset 'qwen3'.*tiny"):
+        preset("qwen3")
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        Qwen2Config(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                    num_attention_heads=4, num_key_value_heads=3, max_position_embeddings=8)
+    with pytest.raises(ValueError, match="rms_norm_eps"):
+        Qwen2Config(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                    num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=8,
+                    rms_norm_eps=0.0)
+
+
+def test_qwen25_preset_parameter_count():
+    """Qwen2.5-0.5B has 494M parameters (tied embeddings); checked by shape only."""
+    shapes = jax.eval_shape(lambda: init_params(PRESETS["qwen2.5-0.5b"], jax.random.PRNGKey(0)))
+    count = sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes))
+    assert 493e6 < count < 495e6, count
+
+
+def test_padding_does_not_change_valid_logits():
+    """Left padding plus explicit mask and positions gives the unpadded row's logits."""
+    config = preset("tiny")
+    params = init_params(config, jax.random.PRNGKey(0))
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (1, 6), 3, 100)
+    model = Qwen2LM(config)
+    plain, _ = model.apply({"params": params}, tokens, jnp.arange(6)[None], jnp.ones((1, 6), bool))
+    padded_tokens = jnp.concatenate([jnp.zeros((1, 3), tokens.dtype), tokens], axis=1)
+    mask = jnp.arange(9)[None] >= 3
+    positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
+    padded, _ = model.apply({"params": params}, padded_tokens, positions, mask)
+    np.testing.assert_allclose(padded[:, 3:], plain, atol=1e-5)
