@@ -176,9 +176,20 @@ def write(
         pair = nodes.reshape(-1, 2, width)[parents]  # row n holds nodes 2n and 2n + 1
         return nodes.at[parents].set(_combine(pair[:, 0], pair[:, 1], reductions)), parents
 
-    # Recomputing the ancestors of an unwritten (masked or duplicate) leaf is harmless. A
-    # fori_loop rather than an unrolled walk, as in ``_descend``.
-    nodes, _ = jax.lax.fori_loop(0, depth, recompute_parents, (nodes, leaf_nodes))
+    # Walk up only while a level has more nodes than the batch has writes; the levels above
+    # (at most 2B nodes in all, contiguous) are cheaper to rebuild whole than to update by
+    # B scattered writes each. Recomputing the ancestors of an unwritten (masked or
+    # duplicate) leaf is harmless. A fori_loop rather than an unrolled walk, as in
+    # ``_descend``.
+    rebuilt_levels = min(depth, max(0, batch.bit_length() - 1))
+    nodes, _ = jax.lax.fori_loop(
+        0, depth - rebuilt_levels, recompute_parents, (nodes, leaf_nodes)
+    )
+    for level in range(rebuilt_levels - 1, -1, -1):  # rows [2^level, 2^(level+1))
+        children = nodes[2 ** (level + 1) : 2 ** (level + 2)]
+        nodes = nodes.at[2**level : 2 ** (level + 1)].set(
+            _combine(children[0::2], children[1::2], reductions)
+        )
     return nodes
 
 
