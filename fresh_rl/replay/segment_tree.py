@@ -173,8 +173,9 @@ def write(
     def recompute_parents(_, carry):
         nodes, children = carry
         parents = children >> 1
-        pair = nodes.reshape(-1, 2, width)[parents]  # row n holds nodes 2n and 2n + 1
-        return nodes.at[parents].set(_combine(pair[:, 0], pair[:, 1], reductions)), parents
+        pair = nodes.reshape(-1, 2 * width)[parents]  # row n: nodes 2n and 2n + 1 side by side
+        combined = _combine(pair[:, :width], pair[:, width:], reductions)
+        return nodes.at[parents].set(combined), parents
 
     # Walk up only while a level has more nodes than the batch has writes; the levels above
     # (at most 2B nodes in all, contiguous) are cheaper to rebuild whole than to update by
@@ -196,14 +197,16 @@ def write(
 def _descend(nodes: jax.Array, remaining: jax.Array, column: int) -> jax.Array:
     """Root-to-leaf walk on a sum column that only ever enters children of positive mass."""
     num_leaves = nodes.shape[0] // 2
-    # Row n of the [P, 2, K] view holds nodes 2n and 2n + 1: one gather per level reads both
-    # children (a column slice of the tree would copy it).
-    child_pairs = nodes.reshape(-1, 2, nodes.shape[1])
+    # Row n of the [P, 2K] view holds nodes 2n and 2n + 1 side by side: one row gather per
+    # level reads both children (a column slice of the tree would copy it; a [P, 2, K] view
+    # gathered slowly on CPU for K = 1).
+    width = nodes.shape[1]
+    child_pairs = nodes.reshape(-1, 2 * width)
 
     def step_down(_, carry):
         node, remaining = carry
         children = child_pairs[node]
-        left_mass, right_mass = children[:, 0, column], children[:, 1, column]
+        left_mass, right_mass = children[:, column], children[:, width + column]
         go_right = ((remaining >= left_mass) & (right_mass > 0)) | (left_mass <= 0)
         remaining = jnp.where(go_right, remaining - left_mass, remaining)
         return 2 * node + go_right.astype(jnp.int32), remaining
