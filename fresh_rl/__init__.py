@@ -1,7 +1,9 @@
 """fresh_rl: off-policy correction for asynchronous and replay-based RL in JAX.
 
 Subpackages: ``replay`` (FreshPER / PER trajectory buffer), ``corrections`` (V-trace, VACO,
-decoupled PPO, EWMA reference), ``llm`` (Qwen2-architecture LM and text tasks).
+decoupled PPO, EWMA reference), ``lag`` (parameter-version ring, delay samplers, lag metrics),
+``llm`` (Qwen2-architecture LM, sampler, text tasks). ``replay``, ``corrections`` and ``lag``
+know nothing of ``llm`` or ``control``.
 """
 
 __version__ = "0.1.0"
