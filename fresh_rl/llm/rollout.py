@@ -75,11 +75,17 @@ def expert_policy(env):
     return policy
 
 
-def run_episodes(env, policy, key, batch: int) -> Episodes:
-    """Plays `batch` episodes of `env` with `policy` (pure; jit it with env/policy closed)."""
+def run_episodes(env, policy, key, batch: int, reset_keys=None) -> Episodes:
+    """Plays `batch` episodes of `env` with `policy` (pure; jit it with env/policy closed).
+
+    ``reset_keys`` (``[batch]`` keys, optional) sets each row's start state explicitly, e.g.
+    repeated keys for GRPO groups that share a prompt; by default they derive from ``key``.
+    """
     width = env.transcript_len
     k_reset, k_policy = jax.random.split(key)
-    obs, obs_len, states = jax.vmap(env.reset)(jax.random.split(k_reset, batch))
+    if reset_keys is None:
+        reset_keys = jax.random.split(k_reset, batch)
+    obs, obs_len, states = jax.vmap(env.reset)(reset_keys)
     tokens = jnp.zeros((batch, width), jnp.int32).at[:, 0].set(text.BOS)
     tokens = jax.vmap(_write)(tokens, jnp.ones(batch, jnp.int32), obs, obs_len)
     lengths = 1 + obs_len

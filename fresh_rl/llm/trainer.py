@@ -1,0 +1,368 @@
+"""Synchronous LLM policy-gradient trainer: GRPO and REINFORCE++ over the text tasks.
+
+One iteration (all jitted, one compiled function per (config, env, model) triple):
+
+1. **collect**: ``num_groups × group_size`` episodes of ``env`` with the bf16 KV-cache sampler
+   (:func:`fresh_rl.llm.rollout.run_episodes` + :func:`~fresh_rl.llm.rollout.model_policy`);
+   the ``group_size`` rollouts of a group start from the same reset key, i.e. the same
+   prompt / start state (:func:`group_reset_keys`). The sampler's log-probs are π_infer.
+2. **old log-probs**: the float32 training forward of the *current* parameters at batch start
+   (:func:`~fresh_rl.llm.sampler.token_logprobs_and_entropy`), π_old_train. In this
+   synchronous trainer it is exact (same version v as the sampler), so
+   ``log r_d = log π_old_train − log π_infer`` is the pure bf16-vs-fp32 discrepancy.
+3. **advantages**: :func:`~fresh_rl.llm.advantages.grpo_advantages` or
+   :func:`~fresh_rl.llm.advantages.reinforce_pp_advantages` of the episode returns.
+4. **update**: ``epochs × minibatches`` AdamW steps (global-norm clip) on the token-mean loss
+
+   * ``loss="ppo_clip"``: :func:`~fresh_rl.corrections.ppo_clip_loss` with the ratio
+     π_θ/π_infer against the sampler's log-probs (what most LLM-RL code does when it skips the
+     recompute);
+   * ``loss="decoupled"``: :func:`~fresh_rl.corrections.decoupled_ppo_loss`, MIS/TIS on
+     r_d = π_old_train/π_infer and the PPO clip on r_s = π_θ/π_old_train
+     (papers/old_logits.md §1.3).
+
+No KL-to-reference and no entropy bonus (both 0 in the ROLL agentic configs the papers use).
+Minibatches split episodes (rows); a fresh permutation per epoch.
+Determinism: everything derives from the key passed to :func:`train_loop`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fresh_rl.corrections import (DecoupledPPOConfig, MISConfig, PPOClipConfig,
+                                  decoupled_ppo_loss, masked_mean, ppo_clip_loss)
+from fresh_rl.llm import advantages as adv_lib
+from fresh_rl.llm.model import Qwen2Config
+from fresh_rl.llm.rollout import Episodes, model_policy, run_episodes
+from fresh_rl.llm.sampler import SamplingConfig, token_logprobs_and_entropy
+from fresh_rl.llm.tasks import text
+from fresh_rl.validation import require_choice, require_in_range
+
+ESTIMATORS = ("grpo", "reinforce_pp")
+LOSSES = ("ppo_clip", "decoupled")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    """Static settings of the trainer; invalid values raise ``ValueError`` naming the field.
+
+    Attributes:
+      estimator: ``"grpo"`` or ``"reinforce_pp"`` (:mod:`fresh_rl.llm.advantages`).
+      num_groups: prompts per batch; batch size = ``num_groups * group_size``.
+      group_size: rollouts per prompt (GRPO's G; REINFORCE++ with ``reinforce_pp_grouping=
+        "batch"`` ignores the grouping in the normalisation but still samples groups).
+      learning_rate, weight_decay, max_grad_norm: AdamW (optax) with a constant learning rate
+        after global-norm clipping (``max_grad_norm``; ROLL default 1.0).
+      epochs, minibatches: updates per batch = epochs × minibatches; ``minibatches`` must
+        divide the batch size.
+      loss: ``"ppo_clip"`` (ratio against the sampler log-probs) or ``"decoupled"``
+        (r_d · r_s with the fp32 old log-probs at batch start).
+      clip: the PPO clip (on the total ratio for ``ppo_clip``, on r_s for ``decoupled``).
+      mis, tis_cap, tis_level: the r_d mask / weight of the decoupled loss (ignored by
+        ``ppo_clip``); see :class:`fresh_rl.corrections.DecoupledPPOConfig`.
+      temperature: sampling temperature (> 0); the fp32 forward uses the same temperature so
+        that both sides score the same distribution.
+      scale_by_std: GRPO divides by the group std (False: Dr. GRPO's mean-centring only).
+      reinforce_pp_grouping: ``"batch"`` (REINFORCE++) or ``"group"`` (ROLL ``mean_std``
+        per prompt group) for the response-level normalisation.
+      whiten: token whitening of the advantages; ``None`` = estimator default (False for GRPO,
+        True for REINFORCE++).
+      advantage_clip: clip c > 0 of the advantages; ``None`` = estimator default (no clip for
+        GRPO, 2.0 for REINFORCE++ as ROLL's example_reinforce_pp.yaml); ``math.inf`` = none.
+      advantage_eps, std_ddof: eps added to stds and the std's ddof (our defaults 1e-6, 0).
+      gamma: token-level discount of REINFORCE++ returns (1 in the paper).
+    """
+
+    estimator: str = "grpo"
+    num_groups: int = 4
+    group_size: int = 4
+    learning_rate: float = 1e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    epochs: int = 1
+    minibatches: int = 1
+    loss: str = "ppo_clip"
+    clip: PPOClipConfig = PPOClipConfig()
+    mis: MISConfig = MISConfig()
+    tis_cap: Optional[float] = None
+    tis_level: str = "token"
+    temperature: float = 1.0
+    scale_by_std: bool = True
+    reinforce_pp_grouping: str = "batch"
+    whiten: Optional[bool] = None
+    advantage_clip: Optional[float] = None
+    advantage_eps: float = adv_lib.DEFAULT_EPS
+    std_ddof: int = 0
+    gamma: float = 1.0
+
+    def __post_init__(self):
+        require_choice("RLConfig.estimator", self.estimator, ESTIMATORS)
+        require_choice("RLConfig.loss", self.loss, LOSSES)
+        require_choice("RLConfig.reinforce_pp_grouping", self.reinforce_pp_grouping,
+                       ("batch", "group"))
+        for name in ("num_groups", "group_size", "epochs", "minibatches"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"RLConfig.{name} must be an integer >= 1, got {value!r}")
+        if self.batch_size % self.minibatches:
+            raise ValueError(f"RLConfig.minibatches must divide the batch size "
+                             f"num_groups*group_size={self.batch_size}, got {self.minibatches}")
+        if self.estimator == "grpo" and self.group_size < 2:
+            raise ValueError(f"RLConfig.group_size must be >= 2 for GRPO, got {self.group_size}")
+        require_in_range("RLConfig.learning_rate", self.learning_rate, 0.0, math.inf,
+                         low_inclusive=False)
+        require_in_range("RLConfig.weight_decay", self.weight_decay, 0.0, math.inf)
+        require_in_range("RLConfig.max_grad_norm", self.max_grad_norm, 0.0, math.inf,
+                         low_inclusive=False)
+        require_in_range("RLConfig.temperature", self.temperature, 0.0, math.inf,
+                         low_inclusive=False)
+        require_in_range("RLConfig.advantage_eps", self.advantage_eps, 0.0, math.inf)
+        require_in_range("RLConfig.gamma", self.gamma, 0.0, 1.0)
+        if self.std_ddof not in (0, 1):
+            raise ValueError(f"RLConfig.std_ddof must be 0 or 1, got {self.std_ddof!r}")
+        if self.advantage_clip is not None:
+            require_in_range("RLConfig.advantage_clip", self.advantage_clip, 0.0, math.inf,
+                             low_inclusive=False)
+        # Builds (and so validates) the decoupled-loss settings once.
+        DecoupledPPOConfig(clip=self.clip, mis=self.mis, tis_cap=self.tis_cap,
+                           tis_level=self.tis_level)
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_groups * self.group_size
+
+    @property
+    def decoupled(self) -> DecoupledPPOConfig:
+        return DecoupledPPOConfig(clip=self.clip, mis=self.mis, tis_cap=self.tis_cap,
+                                  tis_level=self.tis_level)
+
+    @property
+    def resolved_whiten(self) -> bool:
+        return (self.estimator == "reinforce_pp") if self.whiten is None else self.whiten
+
+    @property
+    def resolved_advantage_clip(self) -> Optional[float]:
+        clip = self.advantage_clip
+        if clip is None:
+            clip = 2.0 if self.estimator == "reinforce_pp" else None
+        return None if clip is None or math.isinf(clip) else clip
+
+
+@flax.struct.dataclass
+class TrainState:
+    params: Any
+    opt_state: Any
+    step: jax.Array  # number of optimizer updates done
+
+
+@flax.struct.dataclass
+class Batch:
+    """A training batch: the episodes' token arrays plus old log-probs and advantages."""
+
+    tokens: jax.Array  # [B, T]
+    mask: jax.Array  # [B, T]
+    action_mask: jax.Array  # [B, T]
+    behavior_logprobs: jax.Array  # [B, T] sampler (bf16) log-probs, pi_infer
+    old_logprobs: jax.Array  # [B, T] fp32 trainer log-probs at batch start, pi_old_train
+    advantages: jax.Array  # [B, T]
+
+
+def make_optimizer(config: RLConfig) -> optax.GradientTransformation:
+    """Global-norm clip then AdamW at a constant learning rate."""
+    return optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
+                       optax.adamw(config.learning_rate, weight_decay=config.weight_decay))
+
+
+def init_train_state(config: RLConfig, params) -> TrainState:
+    """Fresh optimizer state; every leaf is committed to the device of the parameters, so the
+    jitted iteration sees the same argument placement on its first and later calls (an
+    uncommitted optimizer counter would otherwise trigger a second compilation)."""
+    state = TrainState(params=params, opt_state=make_optimizer(config).init(params),
+                       step=jnp.zeros((), jnp.int32))
+    leaf = jax.tree_util.tree_leaves(params)[0]
+    sharding = getattr(leaf, "sharding", None) or jax.devices()[0]
+    return jax.device_put(state, sharding)
+
+
+def sampling_config(config: RLConfig, env) -> SamplingConfig:
+    return SamplingConfig(max_new_tokens=env.action_len, temperature=config.temperature,
+                          stop_tokens=(text.EOS,), pad_id=text.PAD)
+
+
+def first_action_index(action_mask: jax.Array) -> jax.Array:
+    """``[B]`` position of each row's first action token (the row width if it has none)."""
+    width = action_mask.shape[1]
+    return jnp.where(action_mask.any(axis=1), jnp.argmax(action_mask, axis=1), width)
+
+
+def group_reset_keys(key, num_groups: int, group_size: int) -> jax.Array:
+    """``[num_groups · group_size]`` reset keys, each group's ``group_size`` rows sharing one
+    key, hence one prompt / start state (what GRPO's group normalisation needs)."""
+    return jnp.repeat(jax.random.split(key, num_groups), group_size, axis=0)
+
+
+def group_prompt_match(episodes: Episodes, group_size: int) -> jax.Array:
+    """Fraction of rows whose prompt (tokens before the first action) equals the prompt of
+    the first row of its group (1 when the grouping worked)."""
+    b, width = episodes.tokens.shape
+    start = first_action_index(episodes.action_mask)
+    prompt = jnp.where(jnp.arange(width)[None] < start[:, None], episodes.tokens, -1)
+    leader = jnp.repeat(prompt[::group_size], group_size, axis=0)
+    return jnp.mean(jnp.all(prompt == leader, axis=1).astype(jnp.float32))
+
+
+def collect(params, key, *, config: RLConfig, env, model_config: Qwen2Config) -> Episodes:
+    """Grouped episodes from the bf16 sampler (pure; jit with the statics closed)."""
+    reset_keys = group_reset_keys(
+        jax.random.fold_in(key, 1), config.batch_size // config.group_size, config.group_size
+    )
+    policy = model_policy(params, model_config, sampling_config(config, env))
+    return run_episodes(env, policy, key, config.batch_size, reset_keys)
+
+
+def compute_advantages(config: RLConfig, returns, action_mask):
+    if config.estimator == "grpo":
+        return adv_lib.grpo_advantages(
+            returns, action_mask, config.group_size, scale_by_std=config.scale_by_std,
+            eps=config.advantage_eps, ddof=config.std_ddof, whiten_tokens=config.resolved_whiten,
+            advantage_clip=config.resolved_advantage_clip)
+    group = config.group_size if config.reinforce_pp_grouping == "group" else None
+    return adv_lib.reinforce_pp_advantages(
+        returns, action_mask, group_size=group, eps=config.advantage_eps, ddof=config.std_ddof,
+        gamma=config.gamma, whiten_tokens=config.resolved_whiten,
+        advantage_clip=config.resolved_advantage_clip)
+
+
+def prepare_batch(params, episodes: Episodes, *, config: RLConfig,
+                  model_config: Qwen2Config) -> Batch:
+    """fp32 old log-probs of the current params and the advantages of ``episodes``."""
+    old, _ = token_logprobs_and_entropy(params, model_config, episodes.tokens, episodes.mask,
+                                        temperature=config.temperature)
+    action_mask = episodes.action_mask & episodes.mask
+    return Batch(tokens=episodes.tokens, mask=episodes.mask, action_mask=action_mask,
+                 behavior_logprobs=jnp.where(action_mask, episodes.behavior_logprobs, 0.0),
+                 old_logprobs=jnp.where(action_mask, jax.lax.stop_gradient(old), 0.0),
+                 advantages=compute_advantages(config, episodes.returns, action_mask))
+
+
+def policy_loss(params, batch: Batch, *, config: RLConfig, model_config: Qwen2Config):
+    """Token-mean policy loss of ``batch`` and its metrics (see the module docstring)."""
+    logp, entropy = token_logprobs_and_entropy(params, model_config, batch.tokens, batch.mask,
+                                               temperature=config.temperature)
+    if config.loss == "ppo_clip":
+        loss, metrics = ppo_clip_loss(logp, batch.behavior_logprobs, batch.advantages,
+                                      batch.action_mask, config=config.clip)
+    else:
+        loss, metrics = decoupled_ppo_loss(logp, batch.old_logprobs, batch.behavior_logprobs,
+                                           batch.advantages, batch.action_mask,
+                                           config=config.decoupled)
+    metrics = dict(metrics, entropy=masked_mean(entropy, batch.action_mask))
+    return loss, metrics
+
+
+def update(state: TrainState, batch: Batch, key, *, config: RLConfig,
+           model_config: Qwen2Config):
+    """``epochs × minibatches`` optimizer steps on ``batch``; metrics averaged over them."""
+    optimizer = make_optimizer(config)
+    size = config.batch_size // config.minibatches
+    grad_fn = jax.grad(policy_loss, has_aux=True)
+
+    def epoch_order(k):
+        return jax.random.permutation(k, config.batch_size).reshape(config.minibatches, size)
+
+    order = jax.vmap(epoch_order)(jax.random.split(key, config.epochs)).reshape(-1, size)
+
+    def one_step(state, rows):
+        minibatch = jax.tree_util.tree_map(lambda x: x[rows], batch)
+        grads, metrics = grad_fn(state.params, minibatch, config=config,
+                                 model_config=model_config)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        metrics["grad_norm"] = optax.tree.norm(grads)
+        state = TrainState(params=optax.apply_updates(state.params, updates),
+                           opt_state=opt_state, step=state.step + 1)
+        return state, metrics
+
+    state, metrics = jax.lax.scan(one_step, state, order)
+    return state, jax.tree_util.tree_map(jnp.mean, metrics)
+
+
+def batch_metrics(episodes: Episodes, batch: Batch, config: RLConfig) -> dict[str, jax.Array]:
+    """Episode outcomes, train–inference discrepancy and advantage statistics of a batch."""
+    log_rd = jnp.abs(batch.old_logprobs - batch.behavior_logprobs)
+    return {"mean_return": jnp.mean(episodes.returns),
+            "success_rate": jnp.mean(episodes.success.astype(jnp.float32)),
+            "abs_log_rd_mean": masked_mean(log_rd, batch.action_mask),
+            "abs_log_rd_max": jnp.max(jnp.where(batch.action_mask, log_rd, 0.0)),
+            "response_tokens": jnp.sum(batch.action_mask) / config.batch_size,
+            "group_prompt_match": group_prompt_match(episodes, config.group_size),
+            **adv_lib.advantage_statistics(batch.advantages, batch.action_mask)}
+
+
+def iteration(state: TrainState, key, *, config: RLConfig, env, model_config: Qwen2Config):
+    """collect → old log-probs / advantages → update. Returns (state, metrics)."""
+    k_collect, k_update = jax.random.split(key)
+    episodes = collect(state.params, k_collect, config=config, env=env,
+                       model_config=model_config)
+    batch = prepare_batch(state.params, episodes, config=config, model_config=model_config)
+    state, metrics = update(state, batch, k_update, config=config, model_config=model_config)
+    return state, {**metrics, **batch_metrics(episodes, batch, config)}
+
+
+_ITERATION_CACHE: dict = {}
+
+
+def make_iteration(config: RLConfig, env, model_config: Qwen2Config):
+    """Jitted ``(state, key) -> (state, metrics)`` of one full iteration.
+
+    Cached per ``(config, env, model_config)`` when all three are hashable (an env holding
+    array data banks is not; it gets a fresh jitted function, i.e. a new compilation).
+    """
+    def build():
+        return jax.jit(lambda state, key: iteration(state, key, config=config, env=env,
+                                                    model_config=model_config))
+    try:
+        cache_key = (config, env, model_config)
+        hash(cache_key)
+    except TypeError:
+        return build()
+    if cache_key not in _ITERATION_CACHE:
+        _ITERATION_CACHE[cache_key] = build()
+    return _ITERATION_CACHE[cache_key]
+
+
+def train_loop(config: RLConfig, key, num_iterations: int, *, params, env,
+               model_config: Qwen2Config, state: Optional[TrainState] = None,
+               log=None):
+    """Runs ``num_iterations`` iterations from ``params`` (or ``state``).
+
+    Iteration i uses ``fold_in(key, i)``, so the result is a deterministic function of the
+    key. Returns ``(state, history)`` with ``history[name]`` a NumPy array ``[num_iterations]``.
+    ``log(i, metrics)`` is called after each iteration if given.
+    """
+    if not isinstance(num_iterations, int) or num_iterations < 1:
+        raise ValueError(f"num_iterations must be an integer >= 1, got {num_iterations!r}")
+    step_fn = make_iteration(config, env, model_config)
+    state = init_train_state(config, params) if state is None else state
+    rows = []
+    for i in range(num_iterations):
+        state, metrics = step_fn(state, jax.random.fold_in(key, i))
+        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        rows.append(metrics)
+        if log is not None:
+            log(i, metrics)
+    history = {k: np.asarray([row[k] for row in rows]) for k in rows[0]}
+    return state, history
+
+
+__all__ = ["Batch", "RLConfig", "TrainState", "batch_metrics", "collect",
+           "compute_advantages", "group_prompt_match", "group_reset_keys", "init_train_state", "iteration",
+           "make_iteration", "make_optimizer", "policy_loss", "prepare_batch",
+           "sampling_config", "train_loop", "update"]

@@ -1,0 +1,212 @@
+"""LLM policy-gradient trainer: config checks, grouping, loss / update invariants, and a short
+deterministic RL run from the committed warm-start checkpoint (tiny preset, arithmetic)."""
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fresh_rl.corrections import MISConfig
+from fresh_rl.llm.model import preset
+from fresh_rl.llm.rollout import expert_policy, run_episodes
+from fresh_rl.llm.tasks import ArithmeticTask, FrozenLakeTask
+from fresh_rl.llm.trainer import (Batch, RLConfig, group_prompt_match, group_reset_keys,
+                                  init_train_state, train_loop, update)
+from fresh_rl.llm.warm_start import restore_params
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL = preset("tiny")
+ENV = ArithmeticTask(digits=1, steps=2)  # the warm start's arithmetic setting
+CONFIG = RLConfig(estimator="grpo", num_groups=2, group_size=4, learning_rate=1e-3)
+
+
+@pytest.fixture(scope="module")
+def params():
+    return restore_params(os.path.join(ROOT, "results", "llm_warm_start", "checkpoint"), MODEL)
+
+
+@pytest.fixture(scope="module")
+def expert_batch():
+    """Grouped expert episodes of ENV with synthetic sampler log-probs and advantages."""
+    key = jax.random.PRNGKey(3)
+    reset_keys = group_reset_keys(key, CONFIG.num_groups, CONFIG.group_size)
+    episodes = jax.jit(lambda k: run_episodes(ENV, expert_policy(ENV), k, CONFIG.batch_size,
+                                              reset_keys))(key)
+    am = episodes.action_mask
+    noise = jax.random.normal(jax.random.PRNGKey(4), am.shape)
+    behavior = jnp.where(am, -0.5 + 0.05 * noise, 0.0)
+    adv = jnp.where(am, jnp.repeat(jnp.array([1.0, -1.0, 0.5, -0.5, 1.0, 0.0, -1.0, 2.0])[:, None],
+                                   am.shape[1], axis=1), 0.0)
+    return episodes, Batch(tokens=episodes.tokens, mask=episodes.mask, action_mask=am,
+                           behavior_logprobs=behavior, old_logprobs=behavior, advantages=adv)
+
+
+_update = jax.jit(lambda state, batch, key, config: update(state, batch, key, config=config,
+                                                           model_config=MODEL),
+                  static_argnums=3)
+
+
+def _leaves(tree):
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(tree)]
+
+
+# --------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(estimator="ppo"), "RLConfig.estimator"),
+    (dict(loss="vtrace"), "RLConfig.loss"),
+    (dict(group_size=0), "RLConfig.group_size"),
+    (dict(group_size=1), "RLConfig.group_size"),  # GRPO needs >= 2
+    (dict(num_groups=3, group_size=2, minibatches=4), "RLConfig.minibatches"),
+    (dict(learning_rate=0.0), "RLConfig.learning_rate"),
+    (dict(max_grad_norm=-1.0), "RLConfig.max_grad_norm"),
+    (dict(temperature=0.0), "RLConfig.temperature"),
+    (dict(advantage_clip=0.0), "RLConfig.advantage_clip"),
+    (dict(gamma=1.5), "RLConfig.gamma"),
+    (dict(reinforce_pp_grouping="prompt"), "RLConfig.reinforce_pp_grouping"),
+    (dict(tis_cap=-1.0), "tis_cap"),
+])
+def test_config_validation_names_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        RLConfig(**kwargs)
+
+
+def test_config_estimator_defaults():
+    assert RLConfig().resolved_whiten is False and RLConfig().resolved_advantage_clip is None
+    pp = RLConfig(estimator="reinforce_pp", group_size=1)
+    assert pp.resolved_whiten is True and pp.resolved_advantage_clip == 2.0
+    assert RLConfig(estimator="reinforce_pp", advantage_clip=math.inf).resolved_advantage_clip \
+        is None
+
+
+# --------------------------------------------------------------------------- grouping
+
+
+def _prompts_differ_across_groups(episodes, group_size):
+    first_action = int(np.argmax(np.asarray(episodes.action_mask)[0]))
+    tokens = np.asarray(episodes.tokens)[:, :first_action]
+    return not np.array_equal(tokens[0], tokens[group_size])
+
+
+def test_grouped_reset_single_turn(expert_batch):
+    episodes, _ = expert_batch
+    assert float(group_prompt_match(episodes, CONFIG.group_size)) == 1.0
+    assert _prompts_differ_across_groups(episodes, CONFIG.group_size)
+
+
+def test_grouped_reset_multi_turn():
+    env = FrozenLakeTask(size=3, hole_prob=0.2, max_turns=4)
+    key = jax.random.PRNGKey(11)
+    reset_keys = group_reset_keys(key, 2, 4)
+    both = jax.jit(lambda k: (run_episodes(env, expert_policy(env), k, 8, reset_keys),
+                              run_episodes(env, expert_policy(env), k, 8)))
+    episodes, plain = both(key)
+    assert float(group_prompt_match(episodes, 4)) == 1.0
+    assert _prompts_differ_across_groups(episodes, 4)
+    # without grouped reset keys the iid resets do not form groups
+    assert float(group_prompt_match(plain, 4)) < 1.0
+
+
+# --------------------------------------------------------------------------- update invariants
+
+
+def test_zero_advantages_zero_gradient_and_no_change(params, expert_batch):
+    _, batch = expert_batch
+    batch = batch.replace(advantages=jnp.zeros_like(batch.advantages))
+    state = init_train_state(CONFIG, params)
+    new, metrics = _update(state, batch, jax.random.PRNGKey(0), CONFIG)
+    assert float(metrics["grad_norm"]) == 0.0
+    assert int(new.step) == 1
+    for a, b in zip(_leaves(state.params), _leaves(new.params)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_masked_tokens_do_not_change_the_update(params, expert_batch):
+    _, batch = expert_batch
+    state = init_train_state(CONFIG, params)
+    outside = ~batch.action_mask
+    garbage = batch.replace(behavior_logprobs=jnp.where(outside, 7.0, batch.behavior_logprobs),
+                            old_logprobs=jnp.where(outside, -9.0, batch.old_logprobs),
+                            advantages=jnp.where(outside, 1e3, batch.advantages))
+    new_a, m_a = _update(state, batch, jax.random.PRNGKey(0), CONFIG)
+    new_b, m_b = _update(state, garbage, jax.random.PRNGKey(0), CONFIG)
+    assert float(m_a["grad_norm"]) > 0
+    for a, b in zip(_leaves(new_a.params), _leaves(new_b.params)):
+        np.testing.assert_array_equal(a, b)
+    assert float(m_a["loss"]) == float(m_b["loss"])
+
+
+def test_decoupled_with_old_equal_sampler_equals_ppo_clip(params, expert_batch):
+    _, batch = expert_batch  # old_logprobs == behavior_logprobs, so r_d = 1
+    state = init_train_state(CONFIG, params)
+    decoupled = RLConfig(estimator="grpo", num_groups=2, group_size=4, learning_rate=1e-3,
+                         loss="decoupled", mis=MISConfig(token_bounds=(0.5, 2.0)))
+    new_p, m_p = _update(state, batch, jax.random.PRNGKey(0), CONFIG)
+    new_d, m_d = _update(state, batch, jax.random.PRNGKey(0), decoupled)
+    np.testing.assert_allclose(float(m_p["loss"]), float(m_d["loss"]), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(float(m_p["grad_norm"]), float(m_d["grad_norm"]), rtol=1e-5)
+    assert float(m_d["active_token_fraction"]) == 1.0
+    for a, b in zip(_leaves(new_p.params), _leaves(new_d.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    assert float(m_p["clip_fraction"]) == float(m_d["clip_fraction"])
+    # the comparison is not vacuous: the update moved the parameters
+    assert any(not np.array_equal(a, b)
+               for a, b in zip(_leaves(state.params), _leaves(new_p.params)))
+
+
+# --------------------------------------------------------------------------- short RL run
+
+
+@pytest.fixture(scope="module")
+def short_run(params):
+    key = jax.random.PRNGKey(7)
+    run = lambda k: train_loop(CONFIG, k, 2, params=params, env=ENV, model_config=MODEL)
+    return run(key), run(key), run(jax.random.PRNGKey(8))
+
+
+def test_short_run_is_deterministic(short_run):
+    (s1, h1), (s2, h2), _ = short_run
+    assert set(h1) == set(h2)
+    for k in h1:
+        np.testing.assert_array_equal(h1[k], h2[k], err_msg=k)
+    for a, b in zip(_leaves(s1.params), _leaves(s2.params)):
+        np.testing.assert_array_equal(a, b)
+    assert int(s1.step) == 2 * CONFIG.epochs * CONFIG.minibatches
+
+
+def test_short_run_metrics_are_finite_and_sane(short_run, params):
+    (_, h1), _, (_, h3) = short_run
+    for k, v in h1.items():
+        assert v.shape == (2,) and np.all(np.isfinite(v)), k
+    assert np.all(h1["group_prompt_match"] == 1.0)
+    assert np.all((0 <= h1["success_rate"]) & (h1["success_rate"] <= 1))
+    # real bf16 sampler vs fp32 trainer discrepancy: small but not zero
+    assert np.all(h1["abs_log_rd_mean"] > 0) and np.all(h1["abs_log_rd_mean"] < 0.05)
+    assert np.all(h1["abs_log_rd_max"] < 5.0)
+    for key in ("tv", "kl_k3", "ess", "clip_fraction", "entropy", "grad_norm", "adv_abs_mean"):
+        assert key in h1
+    assert np.all(h1["response_tokens"] >= 1)
+    # a different key gives a different batch
+    assert not np.array_equal(h1["abs_log_rd_mean"], h3["abs_log_rd_mean"])
+
+
+def test_compute_advantages_dispatch():
+    from fresh_rl.llm import advantages as adv
+    from fresh_rl.llm.trainer import compute_advantages
+    returns = jnp.array([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, -0.15])
+    mask = jnp.arange(6)[None] < jnp.array([2, 3, 4, 5, 6, 1, 2, 3])[:, None]
+    grpo = compute_advantages(RLConfig(num_groups=2, group_size=4), returns, mask)
+    np.testing.assert_array_equal(grpo, adv.grpo_advantages(returns, mask, 4))
+    pp = RLConfig(estimator="reinforce_pp", num_groups=2, group_size=4, advantage_clip=0.2)
+    got = compute_advantages(pp, returns, mask)
+    np.testing.assert_array_equal(got, adv.reinforce_pp_advantages(returns, mask,
+                                                                   advantage_clip=0.2))
+    assert float(jnp.max(jnp.abs(got))) == pytest.approx(0.2)
+    grouped = RLConfig(estimator="reinforce_pp", num_groups=2, group_size=4,
+                       reinforce_pp_grouping="group", whiten=False)
+    np.testing.assert_array_equal(
+        compute_advantages(grouped, returns, mask),
+        adv.reinforce_pp_advantages(returns, mask, group_size=4, whiten_tokens=False))
