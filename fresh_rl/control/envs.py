@@ -1,0 +1,247 @@
+"""Vectorised gymnax 1.x adapter: auto-reset, terminated ≠ truncated, running obs normalisation.
+
+**What the installed gymnax (1.0.1) gives.** ``env.step(key, state, action, params)`` returns
+six values ``(obs, state, reward, terminated, truncated, info)`` and already auto-resets:
+``obs``/``state`` are the reset ones when ``done = terminated ∨ truncated``; ``truncated`` is
+``state.time ≥ params.max_steps_in_episode`` (the time limit) and ``terminated`` the task's
+own terminal test; ``info["final_observation"]`` is the true successor ``s_{t+1}`` before
+the reset. This adapter keeps both flags and passes ``final_observation`` on as
+``next_obs`` so that a truncated step bootstraps from the real last state.
+
+**Both flags on one step (our choice).** When the time limit and the terminal test fire on
+the same step, the step counts as *terminated* (no bootstrap), ``truncated`` is reported
+as ``False``: the episode really ended, the time limit adds nothing.
+
+**Observation normalisation** (optional, ``normalize_obs``): running mean/variance over the first reset
+batch and every successor observation s_{t+1} the actors receive (parallel Welford merge of
+each step's batch of ``num_envs`` observations; later reset observations are not added, our
+choice), ``ô = clip((o − μ)/√(σ² + 1e-8), ±obs_clip)``. The statistics are
+updated *before* the step's observations are normalised, and ``obs`` and ``next_obs`` of one
+step use the same statistics, so ``next_obs_t`` equals ``obs_{t+1}`` on non-final steps. The
+trainer stores normalised observations, so behaviour and learner log-probs see identical
+inputs. With the flag off the statistics are left at (0, 1) and ``ô = o``.
+
+**Episode bookkeeping.** The adapter accumulates the undiscounted return and length of each
+running episode and reports them on the step that ends it (``episode_return``,
+``episode_length``, valid where ``done``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import chex
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from fresh_rl.validation import require_choice, require_in_range
+
+
+def env_names() -> tuple[str, ...]:
+    """Names accepted by :class:`VecEnv` (``gymnax.registered_envs``)."""
+    return tuple(gymnax.registered_envs)
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    """Static shape information of an environment.
+
+    Attributes:
+      obs_shape: shape of one observation.
+      discrete: categorical actions (True) or a continuous box (False).
+      action_dim: number of actions (discrete) or box dimension (continuous).
+      action_low, action_high: box bounds (continuous; ``None`` for discrete).
+    """
+
+    obs_shape: tuple[int, ...]
+    discrete: bool
+    action_dim: int
+    action_low: Any = None
+    action_high: Any = None
+
+
+@struct.dataclass
+class RunningStats:
+    """Running mean and variance of observations (parallel Welford; Chan et al. 1979).
+
+    Merging a batch with mean m_b, variance v_b (population) and size n_b into (n, μ, M2)::
+
+        n' = n + n_b,   Δ = m_b − μ,   μ' = μ + Δ n_b/n',
+        M2' = M2 + v_b n_b + Δ² n n_b/n',   σ² = M2'/n'
+    """
+
+    count: jax.Array
+    mean: jax.Array
+    m2: jax.Array
+
+    @property
+    def var(self) -> jax.Array:
+        return jnp.where(self.count > 0, self.m2 / jnp.maximum(self.count, 1.0), 1.0)
+
+
+def init_running_stats(obs_shape) -> RunningStats:
+    return RunningStats(
+        count=jnp.zeros((), jnp.float32),
+        mean=jnp.zeros(obs_shape, jnp.float32),
+        m2=jnp.zeros(obs_shape, jnp.float32),
+    )
+
+
+def update_running_stats(stats: RunningStats, batch: chex.Array) -> RunningStats:
+    """Merge a ``[n_b, *obs_shape]`` batch into ``stats`` (formula in the class docstring)."""
+    batch = batch.astype(jnp.float32)
+    n_b = jnp.asarray(batch.shape[0], jnp.float32)
+    m_b = jnp.mean(batch, axis=0)
+    v_b = jnp.var(batch, axis=0)
+    total = stats.count + n_b
+    delta = m_b - stats.mean
+    mean = stats.mean + delta * n_b / total
+    m2 = stats.m2 + v_b * n_b + jnp.square(delta) * stats.count * n_b / total
+    return RunningStats(count=total, mean=mean, m2=m2)
+
+
+@struct.dataclass
+class VecEnvState:
+    """Per-seed state of ``num_envs`` environments.
+
+    Attributes:
+      env_state: gymnax state pytree with leading axis ``num_envs``.
+      obs_stats: :class:`RunningStats` (shared by all envs of one seed).
+      episode_return, episode_length: ``[num_envs]`` accumulators of the running episodes.
+    """
+
+    env_state: Any
+    obs_stats: RunningStats
+    episode_return: jax.Array
+    episode_length: jax.Array
+
+
+@struct.dataclass
+class StepOutput:
+    """One vectorised step, every field ``[num_envs, ...]``.
+
+    Attributes:
+      obs: (normalised) observation to act on next — the reset observation where ``done``.
+      next_obs: (normalised) true successor s_{t+1} (``final_observation``), for bootstrapping.
+      reward: float32 reward of the step.
+      terminated: bool, the task's terminal state was reached (no bootstrap).
+      truncated: bool, the time limit ended the episode and it was not terminated.
+      episode_return, episode_length: totals of the episode that ended here (valid where done).
+    """
+
+    obs: jax.Array
+    next_obs: jax.Array
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    episode_return: jax.Array
+    episode_length: jax.Array
+
+    @property
+    def done(self) -> jax.Array:
+        return self.terminated | self.truncated
+
+
+@dataclasses.dataclass(frozen=True)
+class VecEnv:
+    """``num_envs`` copies of a gymnax environment, vmapped, with auto-reset (hashable/static).
+
+    Attributes:
+      name: a gymnax environment id (see :func:`env_names`).
+      num_envs: number of parallel environments (≥ 1).
+      normalize_obs: running observation normalisation (see the module docstring).
+      obs_clip: clip of normalised observations (> 0).
+    """
+
+    name: str = "CartPole-v1"
+    num_envs: int = 1
+    normalize_obs: bool = False
+    obs_clip: float = 10.0
+
+    def __post_init__(self):
+        require_choice("env_name", self.name, env_names())
+        require_in_range("num_envs", self.num_envs, 1, math.inf)
+        require_in_range("obs_clip", self.obs_clip, 0.0, math.inf, low_inclusive=False)
+
+    # gymnax objects are rebuilt on demand (cheap) so the dataclass stays hashable.
+    def _make(self):
+        return gymnax.make(self.name)
+
+    @property
+    def spec(self) -> EnvSpec:
+        env, params = self._make()
+        space = env.action_space(params)
+        obs_shape = tuple(env.observation_space(params).shape)
+        if hasattr(space, "n"):
+            return EnvSpec(obs_shape=obs_shape, discrete=True, action_dim=int(space.n))
+        return EnvSpec(
+            obs_shape=obs_shape, discrete=False, action_dim=int(space.shape[0]) if space.shape else 1,
+            action_low=float(np.min(np.asarray(space.low))),
+            action_high=float(np.max(np.asarray(space.high))),
+        )
+
+    def _normalize(self, stats: RunningStats, obs: jax.Array) -> jax.Array:
+        obs = obs.astype(jnp.float32)
+        if not self.normalize_obs:
+            return obs
+        z = (obs - stats.mean) / jnp.sqrt(stats.var + 1e-8)
+        return jnp.clip(z, -self.obs_clip, self.obs_clip)
+
+    def reset(self, key: chex.PRNGKey) -> tuple[VecEnvState, jax.Array]:
+        """Reset all envs; returns the state and the (normalised) first observations."""
+        env, params = self._make()
+        keys = jax.random.split(key, self.num_envs)
+        obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(keys, params)
+        stats = init_running_stats(obs.shape[1:])
+        if self.normalize_obs:
+            stats = update_running_stats(stats, obs)
+        state = VecEnvState(
+            env_state=env_state,
+            obs_stats=stats,
+            episode_return=jnp.zeros((self.num_envs,), jnp.float32),
+            episode_length=jnp.zeros((self.num_envs,), jnp.int32),
+        )
+        return state, self._normalize(stats, obs)
+
+    def step(self, key: chex.PRNGKey, state: VecEnvState, actions: chex.Array) -> tuple[VecEnvState, StepOutput]:
+        """Step every env; continuous actions are clipped to the action box first."""
+        env, params = self._make()
+        spec = self.spec
+        if not spec.discrete:
+            actions = jnp.clip(actions, spec.action_low, spec.action_high)
+        keys = jax.random.split(key, self.num_envs)
+        obs, env_state, reward, terminated, truncated, info = jax.vmap(
+            env.step, in_axes=(0, 0, 0, None)
+        )(keys, state.env_state, actions, params)
+        reward = jnp.reshape(reward, (self.num_envs,)).astype(jnp.float32)
+        terminated = jnp.reshape(terminated, (self.num_envs,)).astype(bool)
+        truncated = jnp.reshape(truncated, (self.num_envs,)).astype(bool) & ~terminated
+        done = terminated | truncated
+        final_obs = info["final_observation"]
+        stats = state.obs_stats
+        if self.normalize_obs:
+            # Our choice: the statistics see the first reset batch and every successor s_{t+1}
+            # (final observations before a reset); later reset observations are not added.
+            stats = update_running_stats(stats, final_obs)
+        episode_return = state.episode_return + reward
+        episode_length = state.episode_length + 1
+        new_state = VecEnvState(
+            env_state=env_state,
+            obs_stats=stats,
+            episode_return=jnp.where(done, 0.0, episode_return),
+            episode_length=jnp.where(done, 0, episode_length),
+        )
+        out = StepOutput(
+            obs=self._normalize(stats, obs),
+            next_obs=self._normalize(stats, final_obs),
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            episode_return=episode_return,
+            episode_length=episode_length,
+        )
+        return new_state, out

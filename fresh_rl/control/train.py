@@ -1,0 +1,457 @@
+"""Jitted PPO-family trainer on gymnax with simulated policy lag: ``train(config, key)``.
+
+One iteration (= one batch = one policy version)::
+
+    lags_g ~ DelayConfig (one draw per actor group g, per iteration)
+    θ_g, v_g ← version_ring.gather(ring, lags)           # backward lag: version v_T − k_g
+    roll out T steps in num_envs envs, env e acting with θ_{group(e)};
+        store s, a, r, terminated, truncated, s_{t+1}, log β(a|s), v_β
+    learner at batch start (θ_T = newest ring entry): log π_T(a|s), V_T(s), V_T(s_{t+1})
+    advantages, once per batch:
+        ppo_clip, ppo_kl, spo, vaco_filter_only : GAE(λ) on V_T
+        vaco, vaco_align_only                   : V-trace with log ρ = log π_T − log β on V_T
+        impala                                  : none here — V-trace is recomputed every step
+    epochs × minibatches gradient steps (forward lag), loss = policy + c_v·value − c_ent·H
+    ring ← push(ring, θ)                                 # new version v_T + 1
+
+**Reference policies (our choices, documented per method).**
+  * ppo_clip / ppo_kl / spo: the ratio is ``π_θ/β`` with the stored behaviour log-prob — what a
+    naive asynchronous PPO does (papers/vaco.md §3.2 "behaviour reference"); at lag 0 β = π_T.
+  * vaco / vaco_filter_only: ``VACOConfig.reference`` (default π_T, forward lag only).
+  * vaco_align_only: VACO's loss with the TV filter switched off (δ = ∞): unclipped
+    ``−mean r Â`` with r = π_θ/π_T and realigned Â. This is the literal ablation; it has no
+    trust region at all.
+  * vaco_filter_only: GAE advantages on V_T (no importance correction) with VACO's filtered loss.
+  * impala: each minibatch is a set of whole env rows ``[B/M, T]``; V-trace (log ρ = log π_θ −
+    log β, detached) and V_θ are recomputed with the current parameters at every step, the
+    loss is ``impala_policy_gradient_loss`` + value regression onto the fresh targets.
+**Value targets**: λ-returns (GAE) or V-trace targets v_t, frozen per batch (except IMPALA);
+value loss ½·mean (V_θ(s) − target)², no value clipping (our choice).
+**Advantage normalisation** per minibatch (mean 0, std 1) for every method when
+``normalize_advantages`` (our choice; VACO's is unknown, vaco.md §3.1 step 7).
+**Versions**: one ``push`` per iteration, so a version is one batch of ``epochs × minibatches``
+updates and lag k means "parameters k batches old"; lags are redrawn every iteration.
+**Metrics** (one value per iteration): ``episode_return`` — mean undiscounted return of the
+episodes that ended during the iteration's rollout (the previous iteration's value carried if
+none ended; 0 before the first), ``episodes_completed``, the batch-start ``lag/…`` metrics of
+:func:`fresh_rl.lag.lag_metrics` (version gap, TV(π_T, β), ESS, KL), and ``loss/…`` — the
+mean over all gradient steps of the loss's metrics plus ``value_loss``, ``entropy`` and
+``grad_norm``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import chex
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from fresh_rl.control import envs as envs_lib
+from fresh_rl.control import networks
+from fresh_rl.corrections import (
+    PPOClipConfig,
+    PPOKLConfig,
+    SPOConfig,
+    VACOConfig,
+    VTraceConfig,
+    generalized_advantage_estimation,
+    impala_policy_gradient_loss,
+    ppo_clip_loss,
+    ppo_kl_loss,
+    spo_loss,
+    vaco_policy_loss,
+    vtrace,
+)
+from fresh_rl.lag import DelayConfig, actor_group_ids, lag_metrics, sample_lags, version_ring
+from fresh_rl.validation import require_choice, require_in_range
+
+METHODS: tuple[str, ...] = (
+    "ppo_clip", "ppo_kl", "spo", "impala", "vaco", "vaco_align_only", "vaco_filter_only",
+)
+VACO_ADVANTAGE_FORMS: tuple[str, ...] = ("impala", "gae_like")
+
+
+def _require_int(name, value, low, high=math.inf):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+    require_in_range(name, value, low, high)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """Static configuration of one training run (hashable: pass as ``static_argnums``).
+
+    Seed-independent: the seed is the ``key`` given to :func:`train`.
+
+    Attributes:
+      env_name: gymnax id (``fresh_rl.control.envs.env_names()``).
+      num_envs: parallel environments (actors) per seed.
+      rollout_length: T, steps per env per iteration; batch = num_envs · T samples.
+      total_env_steps: budget; iterations = total_env_steps // (num_envs · T) (≥ 1).
+      num_epochs, num_minibatches: forward lag — updates per batch = epochs × minibatches.
+        ``num_minibatches`` must divide num_envs · T (and num_envs for ``impala``, whose
+        minibatches are whole env rows).
+      learning_rate, max_grad_norm, adam_eps: Adam with global-norm clipping (constant lr).
+      gamma, gae_lambda: γ and λ (λ also is V-trace's trace parameter).
+      value_coef, entropy_coef: c_v, c_ent of ``L = L_π + c_v·½·MSE − c_ent·H``.
+      normalize_advantages: per-minibatch standardisation of the advantages.
+      normalize_obs, obs_clip: running observation normalisation of the env adapter.
+      hidden_sizes, activation, init_log_std: network (see ``networks.ActorCritic``).
+      method: one of ``METHODS``.
+      ppo_clip, ppo_kl, kl_coef, spo, vaco: the losses' configs (fixed KL coefficient β ≥ 0).
+      vtrace_rho_bar, vtrace_c_bar: ρ̄, c̄ of V-trace (vaco, vaco_align_only, impala).
+      vaco_advantage: realigned advantage form: ``"impala"`` ρ_t(r_t + γ v_{t+1} − V_t)
+        (default, vaco.md §3.1 (i)) or ``"gae_like"`` v_t − V_t.
+      delay: backward-lag distribution and ring size K (``fresh_rl.lag.DelayConfig``).
+      num_actor_groups: G groups of num_envs/G envs, each with its own lag draw.
+    """
+
+    env_name: str = "CartPole-v1"
+    num_envs: int = 8
+    rollout_length: int = 64
+    total_env_steps: int = 50_000
+    num_epochs: int = 4
+    num_minibatches: int = 4
+    learning_rate: float = 2.5e-4
+    max_grad_norm: float = 0.5
+    adam_eps: float = 1e-5
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    value_coef: float = 0.5
+    entropy_coef: float = 0.01
+    normalize_advantages: bool = True
+    normalize_obs: bool = False
+    obs_clip: float = 10.0
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    activation: str = "tanh"
+    init_log_std: float = 0.0
+    method: str = "ppo_clip"
+    ppo_clip: PPOClipConfig = PPOClipConfig()
+    ppo_kl: PPOKLConfig = PPOKLConfig()
+    kl_coef: float = 1.0
+    spo: SPOConfig = SPOConfig()
+    vaco: VACOConfig = VACOConfig()
+    vtrace_rho_bar: float = 1.0
+    vtrace_c_bar: float = 1.0
+    vaco_advantage: str = "impala"
+    delay: DelayConfig = DelayConfig()
+    num_actor_groups: int = 1
+
+    def __post_init__(self):
+        require_choice("env_name", self.env_name, envs_lib.env_names())
+        require_choice("method", self.method, METHODS)
+        require_choice("vaco_advantage", self.vaco_advantage, VACO_ADVANTAGE_FORMS)
+        require_choice("activation", self.activation, tuple(networks.ACTIVATIONS))
+        _require_int("num_envs", self.num_envs, 1)
+        _require_int("rollout_length", self.rollout_length, 1)
+        _require_int("num_epochs", self.num_epochs, 1)
+        _require_int("num_minibatches", self.num_minibatches, 1)
+        _require_int("num_actor_groups", self.num_actor_groups, 1, self.num_envs)
+        _require_int("total_env_steps", self.total_env_steps, self.batch_size)
+        if self.num_envs % self.num_actor_groups:
+            raise ValueError(
+                f"num_actor_groups must divide num_envs={self.num_envs}, got {self.num_actor_groups}"
+            )
+        if self.batch_size % self.num_minibatches:
+            raise ValueError(
+                f"num_minibatches must divide the batch num_envs*rollout_length={self.batch_size}, "
+                f"got {self.num_minibatches}"
+            )
+        if self.method == "impala" and self.num_envs % self.num_minibatches:
+            raise ValueError(
+                f"num_minibatches must divide num_envs={self.num_envs} for method='impala' "
+                f"(minibatches are whole env rows), got {self.num_minibatches}"
+            )
+        for name in ("learning_rate", "max_grad_norm", "adam_eps", "vtrace_rho_bar", "vtrace_c_bar",
+                     "obs_clip"):
+            require_in_range(name, getattr(self, name), 0.0, math.inf, low_inclusive=False)
+        require_in_range("gamma", self.gamma, 0.0, 1.0)
+        require_in_range("gae_lambda", self.gae_lambda, 0.0, 1.0)
+        for name in ("value_coef", "entropy_coef", "kl_coef"):
+            require_in_range(name, getattr(self, name), 0.0, math.inf)
+        if not self.hidden_sizes or any(
+            isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in self.hidden_sizes
+        ):
+            raise ValueError(f"hidden_sizes must be a non-empty tuple of integers ≥ 1, got {self.hidden_sizes!r}")
+        for name, cls in (("ppo_clip", PPOClipConfig), ("ppo_kl", PPOKLConfig), ("spo", SPOConfig),
+                          ("vaco", VACOConfig), ("delay", DelayConfig)):
+            if not isinstance(getattr(self, name), cls):
+                raise ValueError(f"{name} must be a {cls.__name__}, got {getattr(self, name)!r}")
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.rollout_length
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def num_iterations(self) -> int:
+        return self.total_env_steps // self.batch_size
+
+    @property
+    def vtrace_config(self) -> VTraceConfig:
+        return VTraceConfig(lambda_=self.gae_lambda, rho_bar=self.vtrace_rho_bar, c_bar=self.vtrace_c_bar)
+
+    @property
+    def vec_env(self) -> envs_lib.VecEnv:
+        return envs_lib.VecEnv(self.env_name, self.num_envs, self.normalize_obs, self.obs_clip)
+
+    def network(self) -> networks.ActorCritic:
+        spec = self.vec_env.spec
+        return networks.ActorCritic(
+            action_dim=spec.action_dim, discrete=spec.discrete, hidden_sizes=tuple(self.hidden_sizes),
+            activation=self.activation, init_log_std=self.init_log_std,
+        )
+
+    def optimizer(self) -> optax.GradientTransformation:
+        return optax.chain(
+            optax.clip_by_global_norm(self.max_grad_norm),
+            optax.adam(self.learning_rate, eps=self.adam_eps),
+        )
+
+
+@struct.dataclass
+class Batch:
+    """One iteration's rollout, batch-major ``[num_envs, T, ...]``.
+
+    ``behaviour_log_prob`` = log β(a|s) under the acting version ``version``; ``next_obs`` is the
+    true successor (final observation on episode ends).
+    """
+
+    obs: jax.Array
+    action: jax.Array
+    reward: jax.Array
+    terminated: jax.Array
+    truncated: jax.Array
+    next_obs: jax.Array
+    behaviour_log_prob: jax.Array
+    version: jax.Array
+
+
+@struct.dataclass
+class TrainState:
+    """Carry of the training loop (one seed)."""
+
+    params: Any
+    opt_state: Any
+    ring: version_ring.VersionRing
+    env_state: envs_lib.VecEnvState
+    obs: jax.Array
+    last_return: jax.Array
+
+
+@struct.dataclass
+class TrainOutput:
+    """Result of :func:`train`: final learner parameters, final state and ``[iterations]`` metrics."""
+
+    params: Any
+    state: TrainState
+    metrics: dict
+
+
+def _standardize(x):
+    return (x - jnp.mean(x)) / (jnp.std(x) + 1e-8)
+
+
+def _rollout(config: TrainConfig, state: TrainState, key) -> tuple[TrainState, Batch, dict]:
+    """Act for T steps; env e uses the version of its group's sampled lag."""
+    net = config.network()
+    venv = config.vec_env
+    key_lag, key_steps = jax.random.split(key)
+    G = config.num_actor_groups
+    lags = sample_lags(key_lag, config.delay, G, version_ring.available_versions(state.ring))
+    group_params, group_versions = version_ring.gather(state.ring, lags)
+    env_versions = group_versions[actor_group_ids(config.num_envs, G)]
+
+    def group_act(params, obs, key):
+        policy, _ = net.apply(params, obs)
+        actions = networks.sample(key, policy)
+        return actions, networks.log_prob(policy, actions)
+
+    def step(carry, key):
+        env_state, obs, ret_sum, ret_count = carry
+        key_act, key_env = jax.random.split(key)
+        obs_g = obs.reshape(G, config.num_envs // G, *obs.shape[1:])
+        actions_g, logp_g = jax.vmap(group_act)(group_params, obs_g, jax.random.split(key_act, G))
+        actions = actions_g.reshape(config.num_envs, *actions_g.shape[2:])
+        logp = logp_g.reshape(config.num_envs)
+        env_state, out = venv.step(key_env, env_state, actions)
+        done = out.done
+        ret_sum = ret_sum + jnp.sum(jnp.where(done, out.episode_return, 0.0))
+        ret_count = ret_count + jnp.sum(done)
+        transition = Batch(
+            obs=obs, action=actions, reward=out.reward, terminated=out.terminated,
+            truncated=out.truncated, next_obs=out.next_obs, behaviour_log_prob=logp,
+            version=env_versions,
+        )
+        return (env_state, out.obs, ret_sum, ret_count), transition
+
+    init = (state.env_state, state.obs, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32))
+    (env_state, obs, ret_sum, ret_count), traj = jax.lax.scan(
+        step, init, jax.random.split(key_steps, config.rollout_length)
+    )
+    batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), traj)  # [T, N, ...] → [N, T, ...]
+    mean_return = jnp.where(ret_count > 0, ret_sum / jnp.maximum(ret_count, 1), state.last_return)
+    state = state.replace(env_state=env_state, obs=obs, last_return=mean_return)
+    return state, batch, {"episode_return": mean_return, "episodes_completed": ret_count,
+                          "lag/sampled_lag_mean": jnp.mean(lags.astype(jnp.float32))}
+
+
+def _policy_loss(config: TrainConfig, logp, mb):
+    """Policy loss of the non-IMPALA methods on a flat minibatch dict."""
+    adv = mb["advantage"]
+    if config.normalize_advantages:
+        adv = _standardize(adv)
+    m = config.method
+    if m == "ppo_clip":
+        return ppo_clip_loss(logp, mb["behaviour_log_prob"], adv, config=config.ppo_clip)
+    if m == "ppo_kl":
+        return ppo_kl_loss(logp, mb["behaviour_log_prob"], adv, kl_coef=config.kl_coef, config=config.ppo_kl)
+    if m == "spo":
+        return spo_loss(logp, mb["behaviour_log_prob"], adv, config=config.spo)
+    vaco_cfg = config.vaco
+    if m == "vaco_align_only":
+        vaco_cfg = dataclasses.replace(vaco_cfg, delta=math.inf)
+    return vaco_policy_loss(logp, mb["learner_log_prob"], mb["behaviour_log_prob"], adv, config=vaco_cfg)
+
+
+def _batch_start(config: TrainConfig, params, batch: Batch):
+    """Learner forward pass at batch start (θ_T): log π_T(a|s), V_T(s), V_T(s_{t+1})."""
+    net = config.network()
+    policy, values = net.apply(params, batch.obs)
+    _, next_values = net.apply(params, batch.next_obs)
+    return networks.log_prob(policy, batch.action), values, next_values
+
+
+def _advantages(config: TrainConfig, batch: Batch, logp_T, values, next_values):
+    """Frozen (advantages, value targets) ``[N, T]`` for the once-per-batch methods."""
+    discounts = config.gamma * (1.0 - batch.terminated.astype(jnp.float32))
+    ends = batch.terminated | batch.truncated
+    if config.method in ("vaco", "vaco_align_only"):
+        out = vtrace(values, next_values, batch.reward, discounts, logp_T - batch.behaviour_log_prob,
+                     config=config.vtrace_config, episode_ends=ends)
+        adv = out.impala_advantages if config.vaco_advantage == "impala" else out.gae_advantages
+        return adv, out.targets
+    gae = generalized_advantage_estimation(batch.reward, values, next_values, discounts,
+                                           lambda_=config.gae_lambda, episode_ends=ends)
+    return gae.advantages, gae.returns
+
+
+def _update(config: TrainConfig, state: TrainState, batch: Batch, key) -> tuple[TrainState, dict]:
+    net = config.network()
+    opt = config.optimizer()
+    logp_T, values_T, next_values_T = _batch_start(config, state.params, batch)
+    learner_version = state.ring.latest_version
+    metrics = {f"lag/{k}": v for k, v in lag_metrics(
+        batch.behaviour_log_prob, logp_T, batch.version, learner_version).items()}
+
+    if config.method == "impala":
+        rows = config.num_envs // config.num_minibatches
+        data = batch
+        discounts = config.gamma * (1.0 - batch.terminated.astype(jnp.float32))
+        ends = batch.terminated | batch.truncated
+
+        def loss_fn(params, mb):
+            mb_batch, mb_disc, mb_ends = mb
+            policy, values = net.apply(params, mb_batch.obs)
+            _, next_values = net.apply(params, mb_batch.next_obs)
+            logp = networks.log_prob(policy, mb_batch.action)
+            out = vtrace(jax.lax.stop_gradient(values), jax.lax.stop_gradient(next_values),
+                         mb_batch.reward, mb_disc, jax.lax.stop_gradient(logp - mb_batch.behaviour_log_prob),
+                         config=config.vtrace_config, episode_ends=mb_ends)
+            adv = _standardize(out.impala_advantages) if config.normalize_advantages else out.impala_advantages
+            pg, pm = impala_policy_gradient_loss(logp, mb_batch.behaviour_log_prob, adv)
+            v_loss = 0.5 * jnp.mean(jnp.square(values - out.targets))
+            ent = jnp.mean(networks.entropy(policy))
+            total = pg + config.value_coef * v_loss - config.entropy_coef * ent
+            return total, {**pm, "value_loss": v_loss, "entropy": ent}
+
+        def make_minibatches(key):
+            perm = jax.random.permutation(key, config.num_envs)
+            shuffle = lambda x: x[perm].reshape(config.num_minibatches, rows, *x.shape[1:])
+            return jax.tree.map(shuffle, (data, discounts, ends))
+    else:
+        adv, targets = _advantages(config, batch, logp_T, values_T, next_values_T)
+        flat = {
+            "obs": batch.obs, "action": batch.action, "behaviour_log_prob": batch.behaviour_log_prob,
+            "learner_log_prob": logp_T, "advantage": adv, "target": targets,
+        }
+        flat = jax.tree.map(lambda x: x.reshape(config.batch_size, *x.shape[2:]), flat)
+        metrics["advantage_mean"] = jnp.mean(adv)
+        metrics["advantage_std"] = jnp.std(adv)
+
+        def loss_fn(params, mb):
+            policy, values = net.apply(params, mb["obs"])
+            logp = networks.log_prob(policy, mb["action"])
+            pg, pm = _policy_loss(config, logp, mb)
+            v_loss = 0.5 * jnp.mean(jnp.square(values - mb["target"]))
+            ent = jnp.mean(networks.entropy(policy))
+            total = pg + config.value_coef * v_loss - config.entropy_coef * ent
+            return total, {**pm, "value_loss": v_loss, "entropy": ent}
+
+        def make_minibatches(key):
+            perm = jax.random.permutation(key, config.batch_size)
+            shuffle = lambda x: x[perm].reshape(config.num_minibatches, config.minibatch_size, *x.shape[1:])
+            return jax.tree.map(shuffle, flat)
+
+    def sgd_step(carry, mb):
+        params, opt_state = carry
+        grads, m = jax.grad(loss_fn, has_aux=True)(params, mb)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return (params, opt_state), {**m, "grad_norm": optax.tree.norm(grads)}
+
+    def epoch(carry, key):
+        return jax.lax.scan(sgd_step, carry, make_minibatches(key))
+
+    (params, opt_state), step_metrics = jax.lax.scan(
+        epoch, (state.params, state.opt_state), jax.random.split(key, config.num_epochs)
+    )
+    metrics.update({f"loss/{k}": jnp.mean(v) for k, v in step_metrics.items()})
+    ring = version_ring.push(state.ring, params)
+    return state.replace(params=params, opt_state=opt_state, ring=ring), metrics
+
+
+def init_state(config: TrainConfig, key: chex.PRNGKey) -> TrainState:
+    """Network, optimiser, version ring (K = ``config.delay.ring_size``) and env state of one seed."""
+    key_net, key_env = jax.random.split(key)
+    venv = config.vec_env
+    env_state, obs = venv.reset(key_env)
+    params = config.network().init(key_net, obs[:1])
+    return TrainState(
+        params=params,
+        opt_state=config.optimizer().init(params),
+        ring=version_ring.init(params, config.delay.ring_size),
+        env_state=env_state,
+        obs=obs,
+        last_return=jnp.zeros((), jnp.float32),
+    )
+
+
+def train_iteration(config: TrainConfig, state: TrainState, key: chex.PRNGKey) -> tuple[TrainState, dict]:
+    """One rollout + one batch of updates + one ring push (see the module docstring)."""
+    key_roll, key_upd = jax.random.split(key)
+    state, batch, roll_metrics = _rollout(config, state, key_roll)
+    state, upd_metrics = _update(config, state, batch, key_upd)
+    return state, {**roll_metrics, **upd_metrics}
+
+
+def train(config: TrainConfig, key: chex.PRNGKey) -> TrainOutput:
+    """A whole run; ``jax.jit(train, static_argnums=0)`` and ``jax.vmap(train, (None, 0))`` over keys.
+
+    Returns the final learner parameters, the final :class:`TrainState` and a dict of
+    ``[config.num_iterations]`` metric arrays (see the module docstring).
+    """
+    key_init, key_loop = jax.random.split(key)
+    state = init_state(config, key_init)
+    state, metrics = jax.lax.scan(
+        lambda s, k: train_iteration(config, s, k), state,
+        jax.random.split(key_loop, config.num_iterations),
+    )
+    return TrainOutput(params=state.params, state=state, metrics=metrics)
