@@ -35,7 +35,6 @@ from pathlib import Path
 import flashbax as fbx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fresh_rl.replay import ReplayConfig, make_trajectory_buffer, segment_tree
 

@@ -39,6 +39,13 @@ def require_in_range(
         raise ValueError(f"{name} must be in {left}{low}, {high}{right}, got {value!r}")
 
 
+def require_int(name: str, value, low: float, high: float = math.inf) -> None:
+    """Raise ``ValueError`` unless ``value`` is a Python ``int`` (not a bool) in ``[low, high]``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+    require_in_range(name, value, low, high)
+
+
 def require_choice(name: str, value: str, choices: Sequence[str]) -> None:
     """Raise ``ValueError`` unless ``value`` is one of ``choices``."""
     if value not in choices:

@@ -1,7 +1,6 @@
 """Trajectory buffer: distributions vs an eager NumPy reference, FreshPER exactness, FIFO,
 validation, and jit / vmap / donation."""
 
-import functools
 
 import jax
 import jax.numpy as jnp

@@ -67,18 +67,12 @@ from fresh_rl.corrections import (
     vtrace,
 )
 from fresh_rl.lag import DelayConfig, actor_group_ids, lag_metrics, sample_lags, version_ring
-from fresh_rl.validation import require_choice, require_in_range
+from fresh_rl.validation import require_choice, require_in_range, require_int
 
 METHODS: tuple[str, ...] = (
     "ppo_clip", "ppo_kl", "spo", "impala", "vaco", "vaco_align_only", "vaco_filter_only",
 )
 VACO_ADVANTAGE_FORMS: tuple[str, ...] = ("impala", "gae_like")
-
-
-def _require_int(name, value, low, high=math.inf):
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
-    require_in_range(name, value, low, high)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,12 +140,12 @@ class TrainConfig:
         require_choice("method", self.method, METHODS)
         require_choice("vaco_advantage", self.vaco_advantage, VACO_ADVANTAGE_FORMS)
         require_choice("activation", self.activation, tuple(networks.ACTIVATIONS))
-        _require_int("num_envs", self.num_envs, 1)
-        _require_int("rollout_length", self.rollout_length, 1)
-        _require_int("num_epochs", self.num_epochs, 1)
-        _require_int("num_minibatches", self.num_minibatches, 1)
-        _require_int("num_actor_groups", self.num_actor_groups, 1, self.num_envs)
-        _require_int("total_env_steps", self.total_env_steps, self.batch_size)
+        require_int("num_envs", self.num_envs, 1)
+        require_int("rollout_length", self.rollout_length, 1)
+        require_int("num_epochs", self.num_epochs, 1)
+        require_int("num_minibatches", self.num_minibatches, 1)
+        require_int("num_actor_groups", self.num_actor_groups, 1, self.num_envs)
+        require_int("total_env_steps", self.total_env_steps, self.batch_size)
         if self.num_envs % self.num_actor_groups:
             raise ValueError(
                 f"num_actor_groups must divide num_envs={self.num_envs}, got {self.num_actor_groups}"

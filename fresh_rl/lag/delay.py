@@ -28,16 +28,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fresh_rl.validation import require_choice, require_in_range
+from fresh_rl.validation import require_choice, require_in_range, require_int
 
 DelayKind = Literal["fixed", "uniform", "geometric"]
 DELAY_KINDS: tuple[str, ...] = ("fixed", "uniform", "geometric")
-
-
-def _require_int(name: str, value, low: int, high: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
-    require_in_range(name, value, low, high)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,13 +56,13 @@ class DelayConfig:
 
     def __post_init__(self):
         require_choice("kind", self.kind, DELAY_KINDS)
-        _require_int("ring_size", self.ring_size, 1, math.inf)
+        require_int("ring_size", self.ring_size, 1, math.inf)
         top = self.ring_size - 1
         if self.kind == "fixed":
-            _require_int("lag", self.lag, 0, top)
+            require_int("lag", self.lag, 0, top)
         elif self.kind == "uniform":
-            _require_int("min_lag", self.min_lag, 0, top)
-            _require_int("max_lag", self.max_lag, self.min_lag, top)
+            require_int("min_lag", self.min_lag, 0, top)
+            require_int("max_lag", self.max_lag, self.min_lag, top)
         else:
             if isinstance(self.mean_lag, bool) or not isinstance(
                 self.mean_lag, (int, float, np.integer, np.floating)
@@ -127,7 +121,7 @@ def sample_lags(
     static. Geometric draws use the inverse CDF of the truncated law,
     ``k = ⌊log(1 − u(1 − q^K)) / log q⌋``, ``u ~ U[0, 1)``.
     """
-    _require_int("num_groups", num_groups, 1, math.inf)
+    require_int("num_groups", num_groups, 1, math.inf)
     shape = (num_groups,)
     if config.kind == "fixed":
         lags = jnp.full(shape, config.lag, jnp.int32)
@@ -154,8 +148,8 @@ def actor_group_ids(num_actors: int, num_groups: int) -> np.ndarray:
     ``group_versions[actor_group_ids(n, G)]`` broadcasts per-group version tags to actors.
     ``num_groups`` must divide ``num_actors`` (our choice: equal-sized groups).
     """
-    _require_int("num_groups", num_groups, 1, math.inf)
-    _require_int("num_actors", num_actors, num_groups, math.inf)
+    require_int("num_groups", num_groups, 1, math.inf)
+    require_int("num_actors", num_actors, num_groups, math.inf)
     if num_actors % num_groups:
         raise ValueError(
             f"num_groups must divide num_actors={num_actors}, got num_groups={num_groups}"

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fresh_rl.llm.tasks import text
-from fresh_rl.llm.tasks.base import check_range
+from fresh_rl.validation import require_in_range
 
 NAMES = ("Tom", "Ann", "Bob", "Eva", "Sam", "Liz")
 ITEMS = ("apples", "pens", "cups", "eggs", "books", "coins")
@@ -72,9 +72,9 @@ class ArithmeticTask:
         return 1 + self.obs_len + self.action_len
 
     def __post_init__(self):
-        check_range("ArithmeticTask", "digits", self.digits, 1, 4)
-        check_range("ArithmeticTask", "steps", self.steps, 1, 4)
-        check_range("ArithmeticTask", "format_penalty", self.format_penalty, 0.0, 10.0)
+        require_in_range("ArithmeticTask.digits", self.digits, 1, 4)
+        require_in_range("ArithmeticTask.steps", self.steps, 1, 4)
+        require_in_range("ArithmeticTask.format_penalty", self.format_penalty, 0.0, 10.0)
 
     @property
     def answer_digits(self) -> int:

@@ -38,7 +38,3 @@ class TextEnv(Protocol):
     def expert_action(self, state: Any) -> tuple[jax.Array, jax.Array]: ...
 
 
-def check_range(owner: str, name: str, value, low, high) -> None:
-    """Raises ValueError naming `owner.name` unless low <= value <= high."""
-    if not low <= value <= high:
-        raise ValueError(f"{owner}.{name} must be in [{low}, {high}], got {value!r}")

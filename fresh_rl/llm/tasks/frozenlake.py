@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fresh_rl.llm.tasks import text
-from fresh_rl.llm.tasks.base import check_range
+from fresh_rl.validation import require_in_range
 
 RULES = "Reach G, avoid O. Reply U, D, L or R.\n"
 MOVES = "UDLR"
@@ -59,11 +59,11 @@ class FrozenLakeTask:
     format_penalty: float = flax.struct.field(pytree_node=False, default=0.15)
 
     def __post_init__(self):
-        check_range("FrozenLakeTask", "size", self.size, 2, 8)
-        check_range("FrozenLakeTask", "hole_prob", self.hole_prob, 0.0, 1.0)
-        check_range("FrozenLakeTask", "slip_prob", self.slip_prob, 0.0, 1.0)
-        check_range("FrozenLakeTask", "max_turns", self.max_turns, 1, 64)
-        check_range("FrozenLakeTask", "format_penalty", self.format_penalty, 0.0, 10.0)
+        require_in_range("FrozenLakeTask.size", self.size, 2, 8)
+        require_in_range("FrozenLakeTask.hole_prob", self.hole_prob, 0.0, 1.0)
+        require_in_range("FrozenLakeTask.slip_prob", self.slip_prob, 0.0, 1.0)
+        require_in_range("FrozenLakeTask.max_turns", self.max_turns, 1, 64)
+        require_in_range("FrozenLakeTask.format_penalty", self.format_penalty, 0.0, 10.0)
 
     @property
     def obs_len(self) -> int:

@@ -16,7 +16,7 @@ import numpy as np
 
 from fresh_rl.llm.tasks import text
 from fresh_rl.llm.tasks.arithmetic import score_answer
-from fresh_rl.llm.tasks.base import check_range
+from fresh_rl.validation import require_in_range
 from fresh_rl.llm.tokenizer import CHAR_TOKENIZER
 
 
@@ -90,7 +90,7 @@ class Gsm8kTask:
                    jnp.asarray(answers, jnp.int32), format_penalty=format_penalty)
 
     def __post_init__(self):
-        check_range("Gsm8kTask", "format_penalty", self.format_penalty, 0.0, 10.0)
+        require_in_range("Gsm8kTask.format_penalty", self.format_penalty, 0.0, 10.0)
 
     @property
     def obs_len(self) -> int:

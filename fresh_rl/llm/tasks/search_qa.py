@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from fresh_rl.llm.tasks import text
-from fresh_rl.llm.tasks.base import check_range
+from fresh_rl.validation import require_in_range
 
 RELATIONS = ("color", "city", "pet", "food")
 RULES = "Use search:<name> or answer:<value>.\n"
@@ -61,12 +61,12 @@ class SearchQATask:
     name_pool: int = flax.struct.field(pytree_node=False, default=_NUM_NAMES)
 
     def __post_init__(self):
-        check_range("SearchQATask", "num_entities", self.num_entities, 1, 64)
-        check_range("SearchQATask", "name_pool", self.name_pool, self.num_entities, _NUM_NAMES)
-        check_range("SearchQATask", "num_relations", self.num_relations, 1, len(RELATIONS))
-        check_range("SearchQATask", "max_turns", self.max_turns, 1, 16)
-        check_range("SearchQATask", "tool_cost", self.tool_cost, 0.0, 1.0)
-        check_range("SearchQATask", "format_penalty", self.format_penalty, 0.0, 10.0)
+        require_in_range("SearchQATask.num_entities", self.num_entities, 1, 64)
+        require_in_range("SearchQATask.name_pool", self.name_pool, self.num_entities, _NUM_NAMES)
+        require_in_range("SearchQATask.num_relations", self.num_relations, 1, len(RELATIONS))
+        require_in_range("SearchQATask.max_turns", self.max_turns, 1, 16)
+        require_in_range("SearchQATask.tool_cost", self.tool_cost, 0.0, 1.0)
+        require_in_range("SearchQATask.format_penalty", self.format_penalty, 0.0, 10.0)
 
     @property
     def obs_len(self) -> int:

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from fresh_rl.llm.tasks import text
-from fresh_rl.llm.tasks.base import check_range
+from fresh_rl.validation import require_in_range
 from fresh_rl.llm.tasks.frozenlake import DELTAS, MOVES
 
 RULES = "Push every $ onto a . target. Reply U, D, L or R.\n"
@@ -66,11 +66,11 @@ class SokobanTask:
     format_penalty: float = flax.struct.field(pytree_node=False, default=0.15)
 
     def __post_init__(self):
-        check_range("SokobanTask", "size", self.size, 4, 10)
-        check_range("SokobanTask", "num_boxes", self.num_boxes, 1, (self.size - 2) ** 2 // 4)
-        check_range("SokobanTask", "reverse_steps", self.reverse_steps, 1, 64)
-        check_range("SokobanTask", "max_turns", self.max_turns, self.reverse_steps, 64)
-        check_range("SokobanTask", "format_penalty", self.format_penalty, 0.0, 10.0)
+        require_in_range("SokobanTask.size", self.size, 4, 10)
+        require_in_range("SokobanTask.num_boxes", self.num_boxes, 1, (self.size - 2) ** 2 // 4)
+        require_in_range("SokobanTask.reverse_steps", self.reverse_steps, 1, 64)
+        require_in_range("SokobanTask.max_turns", self.max_turns, self.reverse_steps, 64)
+        require_in_range("SokobanTask.format_penalty", self.format_penalty, 0.0, 10.0)
 
     @property
     def obs_len(self) -> int:
