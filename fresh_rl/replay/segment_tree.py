@@ -47,6 +47,8 @@ def _identities(reductions: Sequence[Reduction], dtype) -> jax.Array:
 
 def _combine(left: jax.Array, right: jax.Array, reductions: Sequence[Reduction]) -> jax.Array:
     """Column-wise reduction of two ``[..., K]`` arrays."""
+    if all(r == "sum" for r in reductions):
+        return left + right  # the sum-only tree needs no min and no select
     is_min = jnp.asarray([r == "min" for r in reductions])
     return jnp.where(is_min, jnp.minimum(left, right), left + right)
 
