@@ -67,24 +67,20 @@ class FrozenLakeTask:
 
     @property
     def obs_len(self) -> int:
-        return len(RULES) + self.size * (self.size + 1) + len("move:")
+        return text.grid_observation_len(RULES, self.size)
 
     action_len = 2
 
     @property
     def transcript_len(self) -> int:
         """BOS + rules + max_turns x (action + grid)."""
-        return 1 + len(RULES) + self.max_turns * (self.action_len + self.obs_len - len(RULES))
+        return text.grid_transcript_len(RULES, self.obs_len, self.action_len, self.max_turns)
 
     def _render(self, state, with_rules):
         s = self.size
         grid = jnp.where(state.holes, _HOLE, _ICE).at[s - 1, s - 1].set(_GOAL)
         grid = grid.at[state.player[0], state.player[1]].set(_PLAYER)
-        rows = jnp.concatenate([grid, jnp.full((s, 1), text.tok("\n"))], axis=1).reshape(-1)
-        obs, n = text.append(jnp.zeros(self.obs_len, jnp.int32), 0, text.const(RULES),
-                             jnp.where(with_rules, len(RULES), 0))
-        obs, n = text.append(obs, n, rows)
-        return text.append(obs, n, text.const("move:"))
+        return text.grid_observation(grid, RULES, with_rules, self.obs_len)
 
     def reset(self, key):
         s = self.size

@@ -94,3 +94,27 @@ def span_equals(tokens, start, end, target, target_length):
     shifted = jnp.take(tokens, jnp.clip(start + idx, 0, tokens.shape[0] - 1))
     same = jnp.where(idx < target_length, shifted == target, True)
     return (end - start == target_length) & jnp.all(same)
+
+
+GRID_PROMPT = "move:"
+
+
+def grid_observation_len(rules: str, size: int) -> int:
+    """Tokens of a grid observation: the rules, ``size`` rows of ``size`` cells plus a newline,
+    and the ``move:`` prompt."""
+    return len(rules) + size * (size + 1) + len(GRID_PROMPT)
+
+
+def grid_transcript_len(rules: str, obs_len: int, action_len: int, max_turns: int) -> int:
+    """BOS + the rules once + ``max_turns`` × (action + grid observation without the rules)."""
+    return 1 + len(rules) + max_turns * (action_len + obs_len - len(rules))
+
+
+def grid_observation(grid, rules: str, with_rules, obs_len: int):
+    """``[obs_len]`` tokens and length: the rules (only when ``with_rules``), the ``[s, s]``
+    grid of cell tokens row by row, each row ended by a newline, then the ``move:`` prompt."""
+    rows = jnp.concatenate([grid, jnp.full((grid.shape[0], 1), tok("\n"))], axis=1).reshape(-1)
+    obs, n = append(jnp.zeros(obs_len, jnp.int32), 0, const(rules),
+                    jnp.where(with_rules, len(rules), 0))
+    obs, n = append(obs, n, rows)
+    return append(obs, n, const(GRID_PROMPT))
