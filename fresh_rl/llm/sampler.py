@@ -147,15 +147,19 @@ def _decode_loop(step_logits, first_logits, key, sampling, row_limit, state):
                       lengths=mask.sum(axis=1).astype(jnp.int32))
 
 
+def _inference_model(params, model_config, sampling):
+    """The module and its parameters cast to the sampler's dtype (bf16: the inference engine)."""
+    dtype = jnp.dtype(sampling.dtype)
+    return Qwen2LM(model_config, dtype=dtype), {"params": cast_params(params, dtype)}
+
+
 @functools.partial(jax.jit, static_argnames=("model_config", "sampling"))
 def _generate_cached(params, model_config, sampling, prompt_tokens, prompt_mask, key,
                      max_new_per_row):
-    dtype = jnp.dtype(sampling.dtype)
-    model = Qwen2LM(model_config, dtype=dtype)
-    variables = {"params": cast_params(params, dtype)}
+    model, variables = _inference_model(params, model_config, sampling)
     b, p = prompt_tokens.shape
     n = sampling.max_new_tokens
-    cache = KVCache.zeros(model_config, b, p + n, dtype)
+    cache = KVCache.zeros(model_config, b, p + n, jnp.dtype(sampling.dtype))
     kv_valid = jnp.concatenate([prompt_mask.astype(bool), jnp.zeros((b, n), bool)], axis=1)
     logits, cache = model.apply(variables, prompt_tokens, positions_from_mask(prompt_mask),
                                 kv_valid, cache, 0)
@@ -175,9 +179,7 @@ def _generate_cached(params, model_config, sampling, prompt_tokens, prompt_mask,
 @functools.partial(jax.jit, static_argnames=("model_config", "sampling"))
 def _generate_uncached(params, model_config, sampling, prompt_tokens, prompt_mask, key,
                        max_new_per_row):
-    dtype = jnp.dtype(sampling.dtype)
-    model = Qwen2LM(model_config, dtype=dtype)
-    variables = {"params": cast_params(params, dtype)}
+    model, variables = _inference_model(params, model_config, sampling)
     b, p = prompt_tokens.shape
     n = sampling.max_new_tokens
     buffer = jnp.concatenate([prompt_tokens, jnp.full((b, n), sampling.pad_id,
