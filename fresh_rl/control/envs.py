@@ -46,6 +46,13 @@ def env_names() -> tuple[str, ...]:
     return tuple(gymnax.registered_envs)
 
 
+def make_vec_env(name: str, num_envs: int, normalize_obs: bool = False, obs_clip: float = 10.0,
+                 brax_backend: str = "spring"):
+    """The vectorised adapter for ``name`` (gymnax ids; Brax ids arrive with the Brax adapter)."""
+    del brax_backend
+    return VecEnv(name, num_envs, normalize_obs, obs_clip)
+
+
 @dataclasses.dataclass(frozen=True)
 class EnvSpec:
     """Static shape information of an environment.

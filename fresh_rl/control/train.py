@@ -105,6 +105,7 @@ class TrainConfig:
     """
 
     env_name: str = "CartPole-v1"
+    brax_backend: str = "spring"
     num_envs: int = 8
     rollout_length: int = 64
     total_env_steps: int = 50_000
@@ -194,7 +195,8 @@ class TrainConfig:
 
     @property
     def vec_env(self) -> envs_lib.VecEnv:
-        return envs_lib.VecEnv(self.env_name, self.num_envs, self.normalize_obs, self.obs_clip)
+        return envs_lib.make_vec_env(self.env_name, self.num_envs, self.normalize_obs, self.obs_clip,
+                                     brax_backend=self.brax_backend)
 
     def network(self) -> networks.ActorCritic:
         spec = self.vec_env.spec

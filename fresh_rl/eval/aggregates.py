@@ -1,0 +1,106 @@
+"""Interval estimates over seeds and tasks (Agarwal et al. 2021, "Deep RL at the edge of the
+statistical precipice"; the rliable aggregates VACO reports: median, IQM, mean, optimality gap).
+
+Scores are NumPy arrays ``[runs, tasks]`` of normalised final returns; a *run* is one seed.
+Intervals are percentile bootstrap intervals. :func:`aggregate_intervals` uses rliable's
+stratified bootstrap (runs resampled with replacement within each task, tasks kept fixed);
+:func:`seed_interval` is the one-task case for a mean over seeds, vectorised in NumPy.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+from scipy import stats
+
+from fresh_rl.validation import require_in_range, require_int
+
+AGGREGATE_METRICS: tuple[str, ...] = ("median", "iqm", "mean", "optimality_gap")
+
+
+def iqm(scores: np.ndarray) -> float:
+    """Interquartile mean of all ``runs × tasks`` scores: the 25%-trimmed mean."""
+    return float(stats.trim_mean(np.asarray(scores).reshape(-1), proportiontocut=0.25))
+
+
+def optimality_gap(scores: np.ndarray, threshold: float = 1.0) -> float:
+    """``γ − mean(min(score, γ))``: how far the scores fall short of the threshold γ (default 1)."""
+    return float(threshold - np.mean(np.minimum(scores, threshold)))
+
+
+def _aggregates(scores: np.ndarray) -> np.ndarray:
+    """[median, IQM, mean, optimality gap] of one ``[runs, tasks]`` score matrix.
+
+    rliable's definitions: the median is over the per-task mean scores; the mean is the mean of
+    the per-task means (equal to the pooled mean when every task has the same number of runs);
+    IQM and the optimality gap pool all run × task scores.
+    """
+    return np.array([
+        float(np.median(np.mean(scores, axis=0))),
+        iqm(scores),
+        float(np.mean(scores)),
+        optimality_gap(scores),
+    ])
+
+
+def normalize_scores(returns: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Min–max normalisation per task, ``(R − low)/(high − low)``, broadcast over the last axis."""
+    low = np.asarray(low, np.float64)
+    high = np.asarray(high, np.float64)
+    if np.any(high <= low):
+        raise ValueError(f"normalize_scores needs high > low for every task, got low={low}, high={high}")
+    return (np.asarray(returns, np.float64) - low) / (high - low)
+
+
+def _check_interval_args(confidence: float, reps: int) -> None:
+    require_in_range("confidence", confidence, 0.0, 1.0, low_inclusive=False, high_inclusive=False)
+    require_int("reps", reps, 1)
+
+
+def seed_interval(values, axis: int = 0, confidence: float = 0.95, reps: int = 2000,
+                  seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean over seeds (``axis``) with a percentile-bootstrap ``confidence`` interval.
+
+    Returns ``(mean, low, high)``, each shaped like ``values`` without ``axis``. Resamples the
+    seeds with replacement ``reps`` times (one shared resampling for every other index, so a
+    learning curve gets a consistent band); with one seed the interval collapses to the mean.
+    """
+    _check_interval_args(confidence, reps)
+    x = np.moveaxis(np.asarray(values, np.float64), axis, 0)
+    n = x.shape[0]
+    if n < 1:
+        raise ValueError("seed_interval needs at least one seed along axis")
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(reps, n))
+    boot = np.mean(x[idx], axis=1)  # [reps, ...]
+    tail = 100.0 * (1.0 - confidence) / 2.0
+    low, high = np.percentile(boot, [tail, 100.0 - tail], axis=0)
+    return np.mean(x, axis=0), low, high
+
+
+def aggregate_intervals(
+    score_dict: Mapping[str, np.ndarray], confidence: float = 0.95, reps: int = 2000, seed: int = 0,
+) -> dict[str, dict[str, tuple[float, float, float]]]:
+    """rliable aggregates with stratified-bootstrap intervals for every method.
+
+    Args:
+      score_dict: method → ``[runs, tasks]`` normalised scores (runs may differ per method).
+    Returns:
+      method → metric (``AGGREGATE_METRICS``) → ``(point, low, high)``. The median is the median
+      over tasks of the per-task mean (rliable's definition); the optimality gap uses γ = 1.
+    """
+    from rliable import library as rly  # imported lazily: pulls in arch and pandas
+
+    _check_interval_args(confidence, reps)
+    for name, scores in score_dict.items():
+        if np.ndim(scores) != 2 or np.shape(scores)[0] < 1:
+            raise ValueError(f"score_dict[{name!r}] must be [runs ≥ 1, tasks], got shape {np.shape(scores)}")
+    points, intervals = rly.get_interval_estimates(
+        {k: np.asarray(v, np.float64) for k, v in score_dict.items()}, _aggregates, reps=reps,
+        confidence_interval_size=confidence, random_state=np.random.RandomState(seed),
+    )
+    return {
+        name: {m: (float(points[name][i]), float(intervals[name][0, i]), float(intervals[name][1, i]))
+               for i, m in enumerate(AGGREGATE_METRICS)}
+        for name in score_dict
+    }

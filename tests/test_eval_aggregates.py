@@ -1,0 +1,75 @@
+"""fresh_rl.eval: bootstrap intervals against direct NumPy/rliable computations."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rliable import metrics as rl_metrics
+
+from fresh_rl.eval import aggregate_intervals, iqm, normalize_scores, optimality_gap, seed_interval
+
+
+def test_point_estimates_match_rliable_metrics():
+    scores = np.random.default_rng(0).normal(0.5, 0.3, size=(7, 4))
+    out = aggregate_intervals({"m": scores}, reps=200)["m"]
+    np.testing.assert_allclose(out["median"][0], rl_metrics.aggregate_median(scores))
+    np.testing.assert_allclose(out["iqm"][0], rl_metrics.aggregate_iqm(scores))
+    np.testing.assert_allclose(out["mean"][0], rl_metrics.aggregate_mean(scores))
+    np.testing.assert_allclose(out["optimality_gap"][0], rl_metrics.aggregate_optimality_gap(scores))
+    for point, low, high in out.values():
+        assert low <= point + 1e-12 and point <= high + 1e-12
+
+
+def test_iqm_and_optimality_gap_by_hand():
+    x = np.arange(1, 9, dtype=float).reshape(4, 2)  # 1..8: middle half is 3,4,5,6
+    assert iqm(x) == pytest.approx(4.5)
+    assert optimality_gap(np.array([[0.5, 1.5], [1.0, 0.0]])) == pytest.approx(1 - (0.5 + 1 + 1 + 0) / 4)
+
+
+def test_stratified_bootstrap_keeps_tasks_apart():
+    """Each task's runs are resampled within the task: a constant-per-task matrix has no spread."""
+    scores = np.tile(np.array([[0.1, 0.9, 0.4]]), (6, 1))
+    out = aggregate_intervals({"m": scores}, reps=300)["m"]
+    for metric, (point, low, high) in out.items():
+        assert low == pytest.approx(point) and high == pytest.approx(point), metric
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 5), st.integers(0, 10_000))
+def test_seed_interval_matches_loop_reference(n_seeds, n_points, seed):
+    values = np.random.default_rng(seed).normal(size=(n_seeds, n_points))
+    mean, low, high = seed_interval(values, reps=500, seed=seed)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n_seeds, size=(500, n_seeds))
+    boot = np.stack([values[i].mean(axis=0) for i in idx])
+    np.testing.assert_allclose(mean, values.mean(axis=0))
+    np.testing.assert_allclose(low, np.percentile(boot, 2.5, axis=0))
+    np.testing.assert_allclose(high, np.percentile(boot, 97.5, axis=0))
+    assert np.all(low <= mean + 1e-12) and np.all(mean <= high + 1e-12)
+
+
+def test_seed_interval_covers_the_true_mean_about_95_percent():
+    rng = np.random.default_rng(1)
+    hits = 0
+    for _ in range(300):
+        _, low, high = seed_interval(rng.normal(size=(30,)), reps=400, seed=int(rng.integers(1 << 30)))
+        hits += low <= 0.0 <= high
+    assert 0.88 <= hits / 300 <= 0.99
+
+
+def test_seed_interval_axis_and_bad_args():
+    values = np.random.default_rng(2).normal(size=(3, 5))
+    m0, _, _ = seed_interval(values.T, axis=1, reps=10)
+    np.testing.assert_allclose(m0, values.mean(axis=0))
+    with pytest.raises(ValueError, match="confidence"):
+        seed_interval(values, confidence=1.0)
+    with pytest.raises(ValueError, match="reps"):
+        seed_interval(values, reps=0)
+    with pytest.raises(ValueError, match="score_dict"):
+        aggregate_intervals({"m": np.zeros(3)})
+
+
+def test_normalize_scores():
+    out = normalize_scores(np.array([[10.0, 0.0]]), low=np.array([0.0, -100.0]), high=np.array([20.0, 100.0]))
+    np.testing.assert_allclose(out, [[0.5, 0.5]])
+    with pytest.raises(ValueError, match="high > low"):
+        normalize_scores(np.zeros((1, 1)), np.ones(1), np.ones(1))
