@@ -10,8 +10,11 @@ import jax
 import numpy as np
 import pytest
 
+import jax.numpy as jnp
+
 from fresh_rl.control import METHODS, TrainConfig, train
-from fresh_rl.corrections import VACOConfig
+from fresh_rl.control.train import SweepParams
+from fresh_rl.corrections import AdaptiveKLConfig, VACOConfig
 from fresh_rl.lag import DelayConfig
 
 SEEDS = jax.random.split(jax.random.PRNGKey(42), 2)
@@ -38,7 +41,8 @@ def smoke_run():
 
 _EQ_BASE = dict(TINY, total_env_steps=4 * 8, num_minibatches=1)
 EQ_PPO = TrainConfig(**_EQ_BASE, method="ppo_clip")
-EQ_VACO = TrainConfig(**_EQ_BASE, method="vaco", vaco_advantage="gae_like", vaco=VACOConfig(delta=10.0))
+EQ_VACO = TrainConfig(**_EQ_BASE, method="vaco", vaco_advantage="gae_like", vaco=VACOConfig(delta=10.0),
+                      advantage_normalization="standardize")  # PPO-clip's default; VACO's is "scale"
 
 
 # Gaussian policy, observation normalisation, uniform lags over two actor groups.
@@ -62,6 +66,9 @@ def tiny_runs():
     }
     configs["eq_ppo"], configs["eq_vaco"] = EQ_PPO, EQ_VACO
     configs["pendulum"] = PENDULUM
+    configs["ppo_kl_adaptive"] = TrainConfig(
+        **TINY, method="ppo_kl", kl_coef=0.5, kl_adaptive=AdaptiveKLConfig(target=1e-12),
+        delay=DelayConfig.fixed(LAG, 3))
     return {name: _compile_and_run(cfg) for name, cfg in configs.items()}
 
 
@@ -137,6 +144,29 @@ def test_vaco_equals_ppo_clip_first_update_at_lag_zero(tiny_runs):
     assert float(a.metrics["loss/grad_norm"][0]) > 1e-3
 
 
+def test_sweep_params_equal_the_static_configs(tiny_runs):
+    """One compiled, vmapped run over SweepParams(lag, δ) reproduces the static-config runs."""
+    base = TrainConfig(**TINY, method="vaco", delay=DelayConfig.fixed(0, 3), num_actor_groups=2)
+    sweep = SweepParams(lag=jnp.array([LAG, 0]), vaco_delta=jnp.array([0.2, 0.2]))
+    out = jax.jit(jax.vmap(train, in_axes=(None, None, 0)), static_argnums=0)(base, SEEDS[0], sweep)
+    ref = tiny_runs["vaco"]  # static fixed lag 2, δ = 0.2
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x[0], y, rtol=1e-5, atol=1e-6), out.params, ref.params)
+    np.testing.assert_array_equal(out.metrics["lag/version_gap_mean"][0], ref.metrics["lag/version_gap_mean"])
+    np.testing.assert_array_equal(out.metrics["lag/version_gap_mean"][1], 0)
+    with pytest.raises(ValueError, match="lag"):
+        train(base, SEEDS[0], SweepParams(lag=jnp.array(3)))
+    with pytest.raises(ValueError, match="vaco_delta"):
+        train(base, SEEDS[0], SweepParams(vaco_delta=jnp.array(0.0)))
+
+
+def test_adaptive_kl_doubles_beta_when_kl_exceeds_target(tiny_runs):
+    """Target 1e-12: every batch's measured KL is above 1.5·target, so β doubles each batch;
+    the fixed-β run keeps β."""
+    beta = np.asarray(tiny_runs["ppo_kl_adaptive"].metrics["loss/kl_coef"])
+    np.testing.assert_allclose(beta, 0.5 * 2.0 ** np.arange(len(beta)), rtol=1e-6)
+    np.testing.assert_allclose(tiny_runs["ppo_kl"].metrics["loss/kl_coef"], 1.0)
+
+
 @pytest.mark.parametrize(
     "kwargs, field",
     [
@@ -149,6 +179,8 @@ def test_vaco_equals_ppo_clip_first_update_at_lag_zero(tiny_runs):
         (dict(method="impala", num_minibatches=8), "num_minibatches"),
         (dict(vaco_advantage="other"), "vaco_advantage"),
         (dict(learning_rate=0.0), "learning_rate"),
+        (dict(kl_adaptive=0.01), "kl_adaptive"),
+        (dict(advantage_normalization="whiten"), "advantage_normalization"),
     ],
 )
 def test_config_errors_name_the_field(kwargs, field):

@@ -28,7 +28,15 @@ One iteration (= one batch = one policy version)::
 **Value targets**: λ-returns (GAE) or V-trace targets v_t, frozen per batch (except IMPALA);
 value loss ½·mean (V_θ(s) − target)², no value clipping (our choice).
 **Advantage normalisation** per minibatch (mean 0, std 1) for every method when
-``normalize_advantages`` (our choice; VACO's is unknown, vaco.md §3.1 step 7).
+``advantage_normalization`` (our choice; VACO's is unknown, vaco.md §3.1 step 7):
+``"standardize"`` (Â − mean)/std, ``"scale"`` Â/std (no centring) or ``"none"``. **Centring is
+biased when the ratio's reference is not the behaviour policy.** Subtracting a constant c adds
+``c·mean(r)`` to the loss; with PPO's r = π_θ/β, E_β[r] = 1 for every θ, so the shift has no
+expected gradient, but with VACO's r = π_θ/π_T on β-data E_β[π_θ/π_T] depends on θ and the
+shift pushes probability away from (c > 0) or towards (c < 0) the actions the stale actors
+favoured. At lag 0 (β = π_T) the bias vanishes. We measured it on CartPole at lag 4: VACO with
+standardisation collapsed (entropy → 0.05, return → 10) while "scale"/"none" learned; see
+results/vaco/README.md.
 **Versions**: one ``push`` per iteration, so a version is one batch of ``epochs × minibatches``
 updates and lag k means "parameters k batches old"; lags are redrawn every iteration.
 **Metrics** (one value per iteration): ``episode_return`` — mean undiscounted return of the
@@ -42,22 +50,25 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Optional
 
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import struct
 
 from fresh_rl.control import envs as envs_lib
 from fresh_rl.control import networks
 from fresh_rl.corrections import (
+    AdaptiveKLConfig,
     PPOClipConfig,
     PPOKLConfig,
     SPOConfig,
     VACOConfig,
     VTraceConfig,
+    adaptive_kl_coefficient,
     generalized_advantage_estimation,
     impala_policy_gradient_loss,
     ppo_clip_loss,
@@ -67,12 +78,13 @@ from fresh_rl.corrections import (
     vtrace,
 )
 from fresh_rl.lag import DelayConfig, actor_group_ids, lag_metrics, sample_lags, version_ring
-from fresh_rl.validation import require_choice, require_in_range, require_int
+from fresh_rl.validation import is_traced, require_choice, require_in_range, require_int
 
 METHODS: tuple[str, ...] = (
     "ppo_clip", "ppo_kl", "spo", "impala", "vaco", "vaco_align_only", "vaco_filter_only",
 )
 VACO_ADVANTAGE_FORMS: tuple[str, ...] = ("impala", "gae_like")
+ADVANTAGE_NORMALIZATIONS: tuple[str, ...] = ("standardize", "scale", "none")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +95,7 @@ class TrainConfig:
 
     Attributes:
       env_name: gymnax id (``fresh_rl.control.envs.env_names()``).
+      brax_backend: Brax pipeline (``brax_envs.BRAX_BACKENDS``) of ``"brax/<name>"`` env_name ids.
       num_envs: parallel environments (actors) per seed.
       rollout_length: T, steps per env per iteration; batch = num_envs · T samples.
       total_env_steps: budget; iterations = total_env_steps // (num_envs · T) (≥ 1).
@@ -92,11 +105,20 @@ class TrainConfig:
       learning_rate, max_grad_norm, adam_eps: Adam with global-norm clipping (constant lr).
       gamma, gae_lambda: γ and λ (λ also is V-trace's trace parameter).
       value_coef, entropy_coef: c_v, c_ent of ``L = L_π + c_v·½·MSE − c_ent·H``.
-      normalize_advantages: per-minibatch standardisation of the advantages.
+      advantage_normalization: per-minibatch ``"standardize"``, ``"scale"`` (divide by the std
+        only) or ``"none"``; ``None`` = the method's default: ``"scale"`` for the VACO family
+        (ratio against π_T), ``"standardize"`` otherwise (module docstring: why centring is
+        biased for VACO under lag).
       normalize_obs, obs_clip: running observation normalisation of the env adapter.
       hidden_sizes, activation, init_log_std: network (see ``networks.ActorCritic``).
       method: one of ``METHODS``.
-      ppo_clip, ppo_kl, kl_coef, spo, vaco: the losses' configs (fixed KL coefficient β ≥ 0).
+      ppo_clip, ppo_kl, kl_coef, spo, vaco: the losses' configs; ``kl_coef`` is PPO-KL's β ≥ 0
+        (fixed, or the initial value when ``kl_adaptive`` is set).
+      kl_adaptive: ``None`` (fixed β, the VACO paper's PPO-KL baseline) or an
+        :class:`~fresh_rl.corrections.AdaptiveKLConfig`: after each batch β is halved/doubled
+        when the measured KL is below target/1.5 / above target·1.5 (PPO §4). The measured KL
+        is the mean of the loss's KL penalty over the last epoch's minibatches (our choice;
+        it costs no extra forward pass).
       vtrace_rho_bar, vtrace_c_bar: ρ̄, c̄ of V-trace (vaco, vaco_align_only, impala).
       vaco_advantage: realigned advantage form: ``"impala"`` ρ_t(r_t + γ v_{t+1} − V_t)
         (default, vaco.md §3.1 (i)) or ``"gae_like"`` v_t − V_t.
@@ -118,7 +140,7 @@ class TrainConfig:
     gae_lambda: float = 0.95
     value_coef: float = 0.5
     entropy_coef: float = 0.01
-    normalize_advantages: bool = True
+    advantage_normalization: Optional[str] = None
     normalize_obs: bool = False
     obs_clip: float = 10.0
     hidden_sizes: tuple[int, ...] = (64, 64)
@@ -128,6 +150,7 @@ class TrainConfig:
     ppo_clip: PPOClipConfig = PPOClipConfig()
     ppo_kl: PPOKLConfig = PPOKLConfig()
     kl_coef: float = 1.0
+    kl_adaptive: Optional[AdaptiveKLConfig] = None
     spo: SPOConfig = SPOConfig()
     vaco: VACOConfig = VACOConfig()
     vtrace_rho_bar: float = 1.0
@@ -140,6 +163,8 @@ class TrainConfig:
         require_choice("env_name", self.env_name, envs_lib.env_names())
         require_choice("method", self.method, METHODS)
         require_choice("vaco_advantage", self.vaco_advantage, VACO_ADVANTAGE_FORMS)
+        if self.advantage_normalization is not None:
+            require_choice("advantage_normalization", self.advantage_normalization, ADVANTAGE_NORMALIZATIONS)
         require_choice("activation", self.activation, tuple(networks.ACTIVATIONS))
         require_int("num_envs", self.num_envs, 1)
         require_int("rollout_length", self.rollout_length, 1)
@@ -172,10 +197,18 @@ class TrainConfig:
             isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in self.hidden_sizes
         ):
             raise ValueError(f"hidden_sizes must be a non-empty tuple of integers ≥ 1, got {self.hidden_sizes!r}")
+        if self.kl_adaptive is not None and not isinstance(self.kl_adaptive, AdaptiveKLConfig):
+            raise ValueError(f"kl_adaptive must be None or an AdaptiveKLConfig, got {self.kl_adaptive!r}")
         for name, cls in (("ppo_clip", PPOClipConfig), ("ppo_kl", PPOKLConfig), ("spo", SPOConfig),
                           ("vaco", VACOConfig), ("delay", DelayConfig)):
             if not isinstance(getattr(self, name), cls):
                 raise ValueError(f"{name} must be a {cls.__name__}, got {getattr(self, name)!r}")
+
+    @property
+    def advantage_normalization_used(self) -> str:
+        if self.advantage_normalization is not None:
+            return self.advantage_normalization
+        return "scale" if self.method.startswith("vaco") else "standardize"
 
     @property
     def batch_size(self) -> int:
@@ -213,6 +246,37 @@ class TrainConfig:
 
 
 @struct.dataclass
+class SweepParams:
+    """Hyperparameters given as arrays, so that one compiled :func:`train` covers a grid:
+    ``jax.vmap(train, (None, 0, 0))`` over seeds × values. ``None`` falls back to the config.
+
+    Attributes:
+      lag: int scalar, a fixed backward lag k replacing ``config.delay.lag`` (the delay must be
+        ``kind="fixed"``). Concrete values outside [0, ring_size − 1] raise; traced ones are
+        clipped to that range.
+      vaco_delta: float scalar, the TV-filter threshold δ of vaco / vaco_filter_only
+        (replaces ``config.vaco.delta``; same threshold convention).
+    """
+
+    lag: Optional[jax.Array] = None
+    vaco_delta: Optional[jax.Array] = None
+
+    def validate(self, config: "TrainConfig") -> None:
+        if self.lag is not None:
+            if config.delay.kind != "fixed":
+                raise ValueError(f"SweepParams.lag needs delay.kind='fixed', got {config.delay.kind!r}")
+            if not is_traced(self.lag):
+                top = config.delay.ring_size - 1
+                values = np.asarray(self.lag)
+                if np.any(values < 0) or np.any(values > top):
+                    raise ValueError(f"SweepParams.lag must be in [0, {top}] (delay.ring_size − 1), "
+                                     f"got {values.tolist()}")
+        if self.vaco_delta is not None and not is_traced(self.vaco_delta):
+            if not np.all(np.asarray(self.vaco_delta) > 0):
+                raise ValueError(f"SweepParams.vaco_delta must be in (0, inf), got {self.vaco_delta!r}")
+
+
+@struct.dataclass
 class Batch:
     """One iteration's rollout, batch-major ``[num_envs, T, ...]``.
 
@@ -240,6 +304,7 @@ class TrainState:
     env_state: envs_lib.VecEnvState
     obs: jax.Array
     last_return: jax.Array
+    kl_coef: jax.Array  # PPO-KL's β (constant unless ``kl_adaptive``)
 
 
 @struct.dataclass
@@ -251,17 +316,26 @@ class TrainOutput:
     metrics: dict
 
 
-def _standardize(x):
-    return (x - jnp.mean(x)) / (jnp.std(x) + 1e-8)
+def _normalize_advantages(config: TrainConfig, adv):
+    if config.advantage_normalization_used == "none":
+        return adv
+    if config.advantage_normalization_used == "scale":
+        return adv / (jnp.std(adv) + 1e-8)
+    return (adv - jnp.mean(adv)) / (jnp.std(adv) + 1e-8)
 
 
-def _rollout(config: TrainConfig, state: TrainState, key) -> tuple[TrainState, Batch, dict]:
+def _rollout(config: TrainConfig, state: TrainState, key, sweep: SweepParams) -> tuple[TrainState, Batch, dict]:
     """Act for T steps; env e uses the version of its group's sampled lag."""
     net = config.network()
     venv = config.vec_env
     key_lag, key_steps = jax.random.split(key)
     G = config.num_actor_groups
-    lags = sample_lags(key_lag, config.delay, G, version_ring.available_versions(state.ring))
+    available = version_ring.available_versions(state.ring)
+    if sweep.lag is None:
+        lags = sample_lags(key_lag, config.delay, G, available)
+    else:
+        top = jnp.clip(available, 1, config.delay.ring_size) - 1
+        lags = jnp.full((G,), jnp.clip(jnp.asarray(sweep.lag, jnp.int32), 0, top), jnp.int32)
     group_params, group_versions = version_ring.gather(state.ring, lags)
     env_versions = group_versions[actor_group_ids(config.num_envs, G)]
 
@@ -299,22 +373,21 @@ def _rollout(config: TrainConfig, state: TrainState, key) -> tuple[TrainState, B
                           "lag/sampled_lag_mean": jnp.mean(lags.astype(jnp.float32))}
 
 
-def _policy_loss(config: TrainConfig, logp, mb):
+def _policy_loss(config: TrainConfig, logp, mb, kl_coef, vaco_delta):
     """Policy loss of the non-IMPALA methods on a flat minibatch dict."""
-    adv = mb["advantage"]
-    if config.normalize_advantages:
-        adv = _standardize(adv)
+    adv = _normalize_advantages(config, mb["advantage"])
     m = config.method
     if m == "ppo_clip":
         return ppo_clip_loss(logp, mb["behaviour_log_prob"], adv, config=config.ppo_clip)
     if m == "ppo_kl":
-        return ppo_kl_loss(logp, mb["behaviour_log_prob"], adv, kl_coef=config.kl_coef, config=config.ppo_kl)
+        return ppo_kl_loss(logp, mb["behaviour_log_prob"], adv, kl_coef=kl_coef, config=config.ppo_kl)
     if m == "spo":
         return spo_loss(logp, mb["behaviour_log_prob"], adv, config=config.spo)
     vaco_cfg = config.vaco
     if m == "vaco_align_only":
         vaco_cfg = dataclasses.replace(vaco_cfg, delta=math.inf)
-    return vaco_policy_loss(logp, mb["learner_log_prob"], mb["behaviour_log_prob"], adv, config=vaco_cfg)
+    return vaco_policy_loss(logp, mb["learner_log_prob"], mb["behaviour_log_prob"], adv, config=vaco_cfg,
+                            delta=None if m == "vaco_align_only" else vaco_delta)
 
 
 def _batch_start(config: TrainConfig, params, batch: Batch):
@@ -339,7 +412,8 @@ def _advantages(config: TrainConfig, batch: Batch, logp_T, values, next_values):
     return gae.advantages, gae.returns
 
 
-def _update(config: TrainConfig, state: TrainState, batch: Batch, key) -> tuple[TrainState, dict]:
+def _update(config: TrainConfig, state: TrainState, batch: Batch, key,
+            sweep: SweepParams) -> tuple[TrainState, dict]:
     net = config.network()
     opt = config.optimizer()
     logp_T, values_T, next_values_T = _batch_start(config, state.params, batch)
@@ -361,7 +435,7 @@ def _update(config: TrainConfig, state: TrainState, batch: Batch, key) -> tuple[
             out = vtrace(jax.lax.stop_gradient(values), jax.lax.stop_gradient(next_values),
                          mb_batch.reward, mb_disc, jax.lax.stop_gradient(logp - mb_batch.behaviour_log_prob),
                          config=config.vtrace_config, episode_ends=mb_ends)
-            adv = _standardize(out.impala_advantages) if config.normalize_advantages else out.impala_advantages
+            adv = _normalize_advantages(config, out.impala_advantages)
             pg, pm = impala_policy_gradient_loss(logp, mb_batch.behaviour_log_prob, adv)
             v_loss = 0.5 * jnp.mean(jnp.square(values - out.targets))
             ent = jnp.mean(networks.entropy(policy))
@@ -385,7 +459,7 @@ def _update(config: TrainConfig, state: TrainState, batch: Batch, key) -> tuple[
         def loss_fn(params, mb):
             policy, values = net.apply(params, mb["obs"])
             logp = networks.log_prob(policy, mb["action"])
-            pg, pm = _policy_loss(config, logp, mb)
+            pg, pm = _policy_loss(config, logp, mb, state.kl_coef, sweep.vaco_delta)
             v_loss = 0.5 * jnp.mean(jnp.square(values - mb["target"]))
             ent = jnp.mean(networks.entropy(policy))
             total = pg + config.value_coef * v_loss - config.entropy_coef * ent
@@ -410,8 +484,12 @@ def _update(config: TrainConfig, state: TrainState, batch: Batch, key) -> tuple[
         epoch, (state.params, state.opt_state), jax.random.split(key, config.num_epochs)
     )
     metrics.update({f"loss/{k}": jnp.mean(v) for k, v in step_metrics.items()})
+    kl_coef = state.kl_coef
+    if config.method == "ppo_kl" and config.kl_adaptive is not None:
+        kl_coef = adaptive_kl_coefficient(kl_coef, jnp.mean(step_metrics["kl_penalty"][-1]),
+                                          config.kl_adaptive)
     ring = version_ring.push(state.ring, params)
-    return state.replace(params=params, opt_state=opt_state, ring=ring), metrics
+    return state.replace(params=params, opt_state=opt_state, ring=ring, kl_coef=kl_coef), metrics
 
 
 def init_state(config: TrainConfig, key: chex.PRNGKey) -> TrainState:
@@ -427,27 +505,33 @@ def init_state(config: TrainConfig, key: chex.PRNGKey) -> TrainState:
         env_state=env_state,
         obs=obs,
         last_return=jnp.zeros((), jnp.float32),
+        kl_coef=jnp.asarray(config.kl_coef, jnp.float32),
     )
 
 
-def train_iteration(config: TrainConfig, state: TrainState, key: chex.PRNGKey) -> tuple[TrainState, dict]:
+def train_iteration(config: TrainConfig, state: TrainState, key: chex.PRNGKey,
+                    sweep: SweepParams = SweepParams()) -> tuple[TrainState, dict]:
     """One rollout + one batch of updates + one ring push (see the module docstring)."""
     key_roll, key_upd = jax.random.split(key)
-    state, batch, roll_metrics = _rollout(config, state, key_roll)
-    state, upd_metrics = _update(config, state, batch, key_upd)
+    state, batch, roll_metrics = _rollout(config, state, key_roll, sweep)
+    state, upd_metrics = _update(config, state, batch, key_upd, sweep)
     return state, {**roll_metrics, **upd_metrics}
 
 
-def train(config: TrainConfig, key: chex.PRNGKey) -> TrainOutput:
+def train(config: TrainConfig, key: chex.PRNGKey, sweep: SweepParams = SweepParams()) -> TrainOutput:
     """A whole run; ``jax.jit(train, static_argnums=0)`` and ``jax.vmap(train, (None, 0))`` over keys.
+
+    ``sweep`` (:class:`SweepParams`) carries array-valued hyperparameters: vmap over it too
+    (``jax.vmap(train, (None, 0, 0))``) to run a seeds × values grid from one compilation.
 
     Returns the final learner parameters, the final :class:`TrainState` and a dict of
     ``[config.num_iterations]`` metric arrays (see the module docstring).
     """
+    sweep.validate(config)
     key_init, key_loop = jax.random.split(key)
     state = init_state(config, key_init)
     state, metrics = jax.lax.scan(
-        lambda s, k: train_iteration(config, s, k), state,
+        lambda s, k: train_iteration(config, s, k, sweep), state,
         jax.random.split(key_loop, config.num_iterations),
     )
     return TrainOutput(params=state.params, state=state, metrics=metrics)

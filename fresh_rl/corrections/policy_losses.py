@@ -353,6 +353,7 @@ def vaco_policy_loss(
     mask: Optional[chex.Array] = None,
     *,
     config: VACOConfig = VACOConfig(),
+    delta: Optional[chex.Array] = None,
 ) -> tuple[chex.Array, Metrics]:
     """VACO policy loss: unclipped IS policy gradient with the per-minibatch TV filter.
 
@@ -363,7 +364,8 @@ def vaco_policy_loss(
     (arXiv 2603.01365 Eqs. 5, 15, 16 of the submission as reconstructed in papers/vaco.md
     §3.2–3.3; the worked examples of TVPO fix the sign rule.) ``advantages`` are the frozen
     realigned advantages (:func:`vtrace` output). Normalising by N valid rather than by the
-    kept count is our choice. Metrics add ``tv_filter_estimate`` (D̂ as compared with δ),
+    kept count is our choice. ``delta`` (optional, may be traced: one compile for a δ sweep)
+    overrides ``config.delta`` under the same threshold convention. Metrics add ``tv_filter_estimate`` (D̂ as compared with δ),
     ``filter_on`` (D̂ above threshold), ``mask_fraction`` and ``backward_ratio_mean``
     (mean π_T/β, the backward-lag weight).
     """
@@ -378,12 +380,14 @@ def vaco_policy_loss(
     if config.importance_weighted_tv:
         deviation = jnp.exp(backward_log_ratio) * deviation
     tv = 0.5 * masked_mean(deviation, mask)
-    kept = tv_filter_mask(log_ratio, advantages, mask, tv, config.tv_threshold)
+    threshold = config.tv_threshold if delta is None else (
+        delta if config.threshold_convention == "tv" else 0.5 * delta)
+    kept = tv_filter_mask(log_ratio, advantages, mask, tv, threshold)
     loss = masked_mean(jnp.where(kept, -ratio * advantages, 0.0), mask)
     return _with_diagnostics(
         loss, log_ratio, mask, kept,
         tv_filter_estimate=tv,
-        filter_on=(tv > config.tv_threshold).astype(jnp.float32),
+        filter_on=(tv > threshold).astype(jnp.float32),
         mask_fraction=fraction(mask & ~kept, mask),
         backward_ratio_mean=masked_mean(jnp.exp(backward_log_ratio), mask),
     )
