@@ -1,0 +1,470 @@
+"""VACO under simulated policy lag: methods × lag levels × tasks × seeds, δ sweep, ablation.
+
+Reproduces the claim of VACO (arXiv 2603.01365; ../shared/papers/vaco.md): advantage
+realignment + the TV filter stay robust as policy lag grows, where PPO-KL, SPO and IMPALA
+degrade. Beyond the paper (the reviewers' complaints): ≥ 5 seeds, learning curves, PPO-clip as
+an extra baseline, a δ sweep and a component ablation.
+
+Every (task, variant) pair is one compiled program: ``train`` vmapped over seeds × lag levels
+(× δ values for VACO) through :class:`fresh_rl.control.train.SweepParams`. Finished pairs are
+saved to ``results/vaco/runs/*.npz`` as they complete, so an interrupted sweep resumes where it
+stopped (``--fresh`` recomputes everything).
+
+Outputs (``results/vaco/``): ``runs.csv`` (one row per run: final score, initial score, lag
+metrics), ``curves.csv`` (seed-mean return per iteration with 95% bootstrap bands),
+``curves_<task>.png``, ``aggregates.{csv,png}`` (rliable median / IQM / mean / optimality gap
+with 95% stratified-bootstrap intervals per method and lag), ``delta_sweep.{csv,png}``,
+``ablation.csv``, and ``summary.md`` with the verdicts computed from those numbers.
+
+    python experiments/vaco_lag_sweep.py --scale ci     # ~2 min, CartPole, run by the tests
+    python experiments/vaco_lag_sweep.py --scale cpu    # the committed results (~1 h, 2-core CPU)
+    python experiments/vaco_lag_sweep.py --scale paper  # Brax MuJoCo tasks at 100M steps (GPU/TPU)
+
+**Scores.** A run's final score is the mean episode return over its last 10% of iterations;
+normalised per task as ``(R − R_init)/(R_best − R_init)`` with R_init the mean first-iteration
+return of all the task's runs (the untrained policy) and R_best the best final score of any run
+on the task (our choice: the paper's normalisation is unknown).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fresh_rl.control.train import SweepParams, TrainConfig, train
+from fresh_rl.corrections import AdaptiveKLConfig
+from fresh_rl.eval import AGGREGATE_METRICS, aggregate_intervals, seed_interval
+from fresh_rl.lag import DelayConfig
+
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "vaco"
+
+MAIN_METHODS = ("ppo_clip", "ppo_kl", "spo", "impala", "vaco")
+# ablation variants: name → (method, TrainConfig overrides)
+ABLATIONS = {
+    "vaco_align_only": ("vaco_align_only", {}),
+    "vaco_filter_only": ("vaco_filter_only", {}),
+    "vaco_standardized": ("vaco", {"advantage_normalization": "standardize"}),
+}
+DELTAS = (0.05, 0.1, 0.2, 0.4)
+PAPER_DELTA = 0.2
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One environment with its training settings (shared by every method)."""
+
+    name: str
+    overrides: tuple  # TrainConfig fields as (key, value) pairs, hashable
+    ablations: bool = True  # run the ablation variants and the δ sweep on this task
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    tasks: tuple[Task, ...]
+    lags: tuple[int, ...]
+    num_seeds: int
+    methods: tuple[str, ...] = MAIN_METHODS
+    ablations: tuple[str, ...] = tuple(ABLATIONS)
+    deltas: tuple[float, ...] = DELTAS
+
+
+def _task(name, ablations=True, **overrides):
+    return Task(name, tuple(sorted(overrides.items())), ablations)
+
+
+_GYMNAX_DISCRETE = dict(num_envs=16, rollout_length=64, num_epochs=4, num_minibatches=4,
+                        learning_rate=1e-3, normalize_obs=True, hidden_sizes=(64, 64))
+_BRAX = dict(num_envs=32, rollout_length=32, num_epochs=4, num_minibatches=4, learning_rate=3e-4,
+             normalize_obs=True, hidden_sizes=(64, 64), entropy_coef=0.0, brax_backend="spring")
+_BRAX_PAPER = dict(num_envs=2048, rollout_length=10, num_epochs=4, num_minibatches=32, learning_rate=3e-4,
+                   normalize_obs=True, hidden_sizes=(256, 256), entropy_coef=1e-3,
+                   brax_backend="generalized", total_env_steps=100_000_000)
+
+SCALES = {
+    "ci": Scale(
+        tasks=(_task("CartPole-v1", total_env_steps=16 * 64 * 24, **_GYMNAX_DISCRETE),),
+        lags=(0, 4), num_seeds=2, methods=("ppo_clip", "vaco"), ablations=(), deltas=(PAPER_DELTA,),
+    ),
+    "cpu": Scale(
+        tasks=(
+            _task("CartPole-v1", total_env_steps=100_000, **_GYMNAX_DISCRETE),
+            _task("Acrobot-v1", total_env_steps=100_000, **_GYMNAX_DISCRETE),
+            _task("Pendulum-v1", total_env_steps=200_000, **{**_GYMNAX_DISCRETE, "learning_rate": 3e-4,
+                                                             "entropy_coef": 0.0, "gamma": 0.95}),
+            _task("brax/inverted_pendulum", ablations=False, total_env_steps=50_176, **_BRAX),
+            _task("brax/inverted_double_pendulum", ablations=False, total_env_steps=50_176, **_BRAX),
+        ),
+        lags=(0, 4, 8), num_seeds=5,
+    ),
+    "paper": Scale(
+        tasks=tuple(_task(f"brax/{n}", **_BRAX_PAPER)
+                    for n in ("ant", "halfcheetah", "hopper", "walker2d", "humanoid")),
+        lags=(0, 4, 8), num_seeds=5,
+    ),
+}
+
+
+def variant_config(task: Task, method: str, overrides: dict, ring_size: int) -> TrainConfig:
+    """The static config of one (task, variant); the lag itself is a traced SweepParams value."""
+    extra = {}
+    if method == "ppo_kl":
+        # Our choice: adaptive β (PPO §4) with d_targ = 0.01 from β₀ = 1; the paper ran fixed β's.
+        extra["kl_adaptive"] = AdaptiveKLConfig(target=0.01)
+    return TrainConfig(method=method, delay=DelayConfig.fixed(0, ring_size),
+                       **dict(task.overrides), **extra, **overrides)
+
+
+def run_variant(config: TrainConfig, lags, deltas, num_seeds: int, seed: int) -> dict:
+    """All seeds × lags × deltas of one config in one compiled vmapped program.
+
+    Returns numpy metrics shaped ``[lags, deltas, seeds, iterations]`` plus timing."""
+    L, D, S = len(lags), len(deltas), num_seeds
+    keys = jax.random.split(jax.random.PRNGKey(seed), S)  # same seeds for every variant and lag
+    grid_keys = jnp.broadcast_to(keys, (L, D, S) + keys.shape[1:]).reshape(L * D * S, *keys.shape[1:])
+    lag_grid = jnp.broadcast_to(jnp.asarray(lags, jnp.int32)[:, None, None], (L, D, S)).reshape(-1)
+    delta_grid = jnp.broadcast_to(jnp.asarray(deltas, jnp.float32)[None, :, None], (L, D, S)).reshape(-1)
+    sweep = SweepParams(lag=lag_grid, vaco_delta=delta_grid)
+    fn = jax.jit(jax.vmap(train, in_axes=(None, 0, 0)), static_argnums=0)
+    start = time.perf_counter()
+    compiled = fn.lower(config, grid_keys, sweep).compile()
+    compile_s = time.perf_counter() - start
+    start = time.perf_counter()
+    out = jax.block_until_ready(compiled(grid_keys, sweep))
+    run_s = time.perf_counter() - start
+    keep = ("episode_return", "episodes_completed", "lag/version_gap_mean", "lag/tv", "lag/ess",
+            "loss/tv", "loss/filter_on", "loss/mask_fraction", "loss/clip_fraction", "loss/entropy")
+    metrics = {k: np.asarray(v).reshape(L, D, S, -1) for k, v in out.metrics.items() if k in keep}
+    return {"metrics": metrics, "compile_s": compile_s, "run_s": run_s,
+            "env_steps": L * D * S * config.num_iterations * config.batch_size}
+
+
+def final_score(returns: np.ndarray) -> np.ndarray:
+    """Mean over the last 10% of iterations (at least one)."""
+    n = max(1, returns.shape[-1] // 10)
+    return returns[..., -n:].mean(axis=-1)
+
+
+def _variants(scale: Scale, task: Task):
+    for method in scale.methods:
+        deltas = scale.deltas if method == "vaco" and task.ablations else (PAPER_DELTA,)
+        yield method, method, {}, deltas
+    if task.ablations:
+        for name in scale.ablations:
+            method, overrides = ABLATIONS[name]
+            yield name, method, overrides, (PAPER_DELTA,)
+
+
+def run_all(scale: Scale, out_dir: Path, seed: int, fresh: bool, log=print) -> dict:
+    """Run (or load) every (task, variant); returns {(task, variant): saved dict}."""
+    runs_dir = out_dir / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    ring = max(scale.lags) + 1
+    results = {}
+    for task in scale.tasks:
+        for variant, method, overrides, deltas in _variants(scale, task):
+            path = runs_dir / f"{task.name.replace('/', '_')}__{variant}.npz"
+            config = variant_config(task, method, overrides, ring)
+            if path.exists() and not fresh:
+                data = dict(np.load(path, allow_pickle=False))
+                if data["config"].item() == repr(config) and data["seed"].item() == seed and \
+                        tuple(data["lags"]) == scale.lags and tuple(data["deltas"]) == deltas and \
+                        data["episode_return"].shape[2] == scale.num_seeds:
+                    log(f"[resume] {task.name} {variant}: loaded {path.name}")
+                    results[(task.name, variant)] = data
+                    continue
+            res = run_variant(config, scale.lags, deltas, scale.num_seeds, seed)
+            data = {k.replace("/", "__"): v for k, v in res["metrics"].items()}
+            data.update(config=np.array(repr(config)), seed=np.array(seed), lags=np.array(scale.lags),
+                        deltas=np.array(deltas), compile_s=np.array(res["compile_s"]),
+                        run_s=np.array(res["run_s"]), env_steps=np.array(res["env_steps"]),
+                        batch_size=np.array(config.batch_size))
+            tmp = path.with_suffix(".tmp.npz")
+            np.savez(tmp, **data)
+            tmp.replace(path)  # atomic: an interrupted write never leaves a half file
+            log(f"{task.name} {variant}: compile {res['compile_s']:.0f}s run {res['run_s']:.0f}s "
+                f"({res['env_steps'] / res['run_s']:.0f} env steps/s over all runs); final return by lag "
+                f"{np.round(final_score(res['metrics']['episode_return'])[:, list(deltas).index(PAPER_DELTA) if PAPER_DELTA in deltas else 0].mean(-1), 1).tolist()}")
+            results[(task.name, variant)] = data
+    return results
+
+
+def _delta_index(data) -> int:
+    deltas = list(np.asarray(data["deltas"]).tolist())
+    return deltas.index(PAPER_DELTA) if PAPER_DELTA in deltas else 0
+
+
+def score_tables(scale: Scale, results: dict):
+    """Normalised final scores: {(variant, lag, delta): [seeds, tasks_with_variant]} and bounds."""
+    bounds = {}
+    for task in scale.tasks:
+        datas = [d for (t, _), d in results.items() if t == task.name]
+        init = np.mean([d["episode_return"][..., 0].mean() for d in datas])
+        best = max(final_score(d["episode_return"]).max() for d in datas)
+        bounds[task.name] = (float(init), float(best))
+    scores = {}
+    for (task_name, variant), d in results.items():
+        low, high = bounds[task_name]
+        norm = (final_score(d["episode_return"]) - low) / max(high - low, 1e-8)  # [L, D, S]
+        for li, lag in enumerate(np.asarray(d["lags"]).tolist()):
+            for di, delta in enumerate(np.asarray(d["deltas"]).tolist()):
+                scores.setdefault((variant, lag, delta), {})[task_name] = norm[li, di]
+    return scores, bounds
+
+
+def _matrix(per_task: dict, tasks) -> Optional[np.ndarray]:
+    if not all(t in per_task for t in tasks):
+        return None
+    return np.stack([per_task[t] for t in tasks], axis=1)  # [seeds, tasks]
+
+
+def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps: int) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = [t.name for t in scale.tasks]
+    ablation_tasks = [t.name for t in scale.tasks if t.ablations]
+    scores, bounds = score_tables(scale, results)
+
+    # runs.csv
+    with open(out_dir / "runs.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["task", "variant", "lag", "delta", "seed", "final_return", "initial_return",
+                    "normalized_score", "mean_version_gap", "mean_tv_behaviour", "mean_filter_on",
+                    "mean_mask_fraction", "mean_clip_fraction"])
+        for (task_name, variant), d in sorted(results.items()):
+            low, high = bounds[task_name]
+            fin = final_score(d["episode_return"])
+            for li, lag in enumerate(d["lags"].tolist()):
+                for di, delta in enumerate(d["deltas"].tolist()):
+                    for s in range(fin.shape[2]):
+                        def m(key):
+                            return float(d[key][li, di, s].mean()) if key in d else ""
+                        w.writerow([task_name, variant, lag, delta, s, f"{fin[li, di, s]:.3f}",
+                                    f"{d['episode_return'][li, di, s, 0]:.3f}",
+                                    f"{(fin[li, di, s] - low) / max(high - low, 1e-8):.4f}",
+                                    m("lag__version_gap_mean"), m("lag__tv"), m("loss__filter_on"),
+                                    m("loss__mask_fraction"), m("loss__clip_fraction")])
+
+    # learning curves
+    with open(out_dir / "curves.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["task", "variant", "lag", "iteration", "env_steps", "mean_return", "ci_low", "ci_high"])
+        for task_name in tasks:
+            fig, axes = plt.subplots(1, len(scale.lags), figsize=(4.2 * len(scale.lags), 3.4), squeeze=False)
+            for variant in list(scale.methods) + [a for a in scale.ablations if task_name in ablation_tasks]:
+                d = results.get((task_name, variant))
+                if d is None:
+                    continue
+                di = _delta_index(d)
+                steps = (np.arange(d["episode_return"].shape[-1]) + 1) * int(d["batch_size"])
+                for li, lag in enumerate(d["lags"].tolist()):
+                    mean, low, high = seed_interval(d["episode_return"][li, di], axis=0, reps=reps)
+                    for i in range(len(mean)):
+                        w.writerow([task_name, variant, lag, i, int(steps[i]), f"{mean[i]:.3f}",
+                                    f"{low[i]:.3f}", f"{high[i]:.3f}"])
+                    ax = axes[0, li]
+                    style = "--" if variant in ABLATIONS else "-"
+                    ax.plot(steps, mean, style, label=variant, lw=1.2)
+                    ax.fill_between(steps, low, high, alpha=0.15)
+                    ax.set_title(f"{task_name}, lag {lag}")
+                    ax.set_xlabel("env steps")
+            axes[0, 0].set_ylabel("episode return")
+            axes[0, -1].legend(fontsize=7)
+            fig.tight_layout()
+            fig.savefig(out_dir / f"curves_{task_name.replace('/', '_')}.png", dpi=110)
+            plt.close(fig)
+
+    # rliable aggregates: main methods over all tasks, per lag
+    agg_rows = []
+    agg = {}
+    for lag in scale.lags:
+        score_dict = {}
+        for variant in scale.methods:
+            mat = _matrix(scores.get((variant, lag, PAPER_DELTA), {}), tasks)
+            if mat is not None:
+                score_dict[variant] = mat
+        agg[lag] = aggregate_intervals(score_dict, reps=reps)
+        for variant, metrics in agg[lag].items():
+            for metric, (p, lo, hi) in metrics.items():
+                agg_rows.append([lag, variant, metric, f"{p:.4f}", f"{lo:.4f}", f"{hi:.4f}"])
+    with open(out_dir / "aggregates.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["lag", "method", "metric", "point", "ci_low", "ci_high"])
+        w.writerows(agg_rows)
+    fig, axes = plt.subplots(len(scale.lags), 4, figsize=(13, 1.2 + 0.45 * len(scale.methods) * len(scale.lags)),
+                             squeeze=False)
+    for li, lag in enumerate(scale.lags):
+        for mi, metric in enumerate(AGGREGATE_METRICS):
+            ax = axes[li, mi]
+            for yi, variant in enumerate(scale.methods):
+                if variant not in agg[lag]:
+                    continue
+                p, lo, hi = agg[lag][variant][metric]
+                ax.plot([lo, hi], [yi, yi], lw=6, alpha=0.5, color=f"C{yi}")
+                ax.plot([p], [yi], "k|", ms=12)
+            ax.set_yticks(range(len(scale.methods)))
+            ax.set_yticklabels(scale.methods if mi == 0 else [])
+            ax.set_title(f"{metric} (lag {lag})", fontsize=9)
+    fig.suptitle("normalised final score, 95% stratified-bootstrap CIs over seeds")
+    fig.tight_layout()
+    fig.savefig(out_dir / "aggregates.png", dpi=110)
+    plt.close(fig)
+
+    # δ sweep and ablation (tasks with ablations)
+    delta_rows, ablation_rows = [], []
+    delta_agg, ablation_agg = {}, {}
+    if ablation_tasks and len(scale.deltas) > 1:
+        for lag in scale.lags:
+            sd = {}
+            for delta in scale.deltas:
+                mat = _matrix(scores.get(("vaco", lag, float(delta)), {}), ablation_tasks)
+                if mat is not None:
+                    sd[str(delta)] = mat
+            delta_agg[lag] = aggregate_intervals(sd, reps=reps)
+            for delta, mets in delta_agg[lag].items():
+                p, lo, hi = mets["iqm"]
+                delta_rows.append([lag, delta, f"{p:.4f}", f"{lo:.4f}", f"{hi:.4f}",
+                                   f"{mets['mean'][0]:.4f}"])
+        with open(out_dir / "delta_sweep.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["lag", "delta", "iqm", "iqm_ci_low", "iqm_ci_high", "mean"])
+            w.writerows(delta_rows)
+        fig, ax = plt.subplots(figsize=(5, 3.4))
+        for li, lag in enumerate(scale.lags):
+            xs = [float(k) for k in delta_agg[lag]]
+            ys = [v["iqm"][0] for v in delta_agg[lag].values()]
+            lo = [v["iqm"][1] for v in delta_agg[lag].values()]
+            hi = [v["iqm"][2] for v in delta_agg[lag].values()]
+            ax.errorbar(np.array(xs) * (1 + 0.03 * li), ys, yerr=[np.subtract(ys, lo), np.subtract(hi, ys)],
+                        marker="o", capsize=3, label=f"lag {lag}")
+        ax.set_xscale("log")
+        ax.set_xlabel("δ (TV threshold)")
+        ax.set_ylabel("IQM normalised score")
+        ax.set_title(f"VACO δ sweep ({', '.join(ablation_tasks)})", fontsize=8)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out_dir / "delta_sweep.png", dpi=110)
+        plt.close(fig)
+    if ablation_tasks and scale.ablations:
+        for lag in scale.lags:
+            sd = {}
+            for variant in ("vaco",) + tuple(scale.ablations) + tuple(m for m in scale.methods if m != "vaco"):
+                mat = _matrix(scores.get((variant, lag, PAPER_DELTA), {}), ablation_tasks)
+                if mat is not None:
+                    sd[variant] = mat
+            ablation_agg[lag] = aggregate_intervals(sd, reps=reps)
+            for variant, mets in ablation_agg[lag].items():
+                p, lo, hi = mets["iqm"]
+                ablation_rows.append([lag, variant, f"{p:.4f}", f"{lo:.4f}", f"{hi:.4f}", f"{mets['mean'][0]:.4f}"])
+        with open(out_dir / "ablation.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["lag", "variant", "iqm", "iqm_ci_low", "iqm_ci_high", "mean"])
+            w.writerows(ablation_rows)
+
+    summary = summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, header)
+    (out_dir / "summary.md").write_text(summary)
+    return summary
+
+
+def _fmt(t):
+    return f"{t[0]:.3f} [{t[1]:.3f}, {t[2]:.3f}]"
+
+
+def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, header) -> str:
+    lines = ["# VACO lag sweep — summary", "",
+             "```", json.dumps(header, indent=1), "```", "",
+             "Normalised final score (0 = untrained policy, 1 = best run on the task); point and 95% "
+             "stratified-bootstrap CI over seeds.", ""]
+    lines += ["## Per-task final return (seed mean ± half-width of 95% CI)", "",
+              "| task | variant | " + " | ".join(f"lag {lag}" for lag in scale.lags) + " |",
+              "|---|---|" + "---|" * len(scale.lags)]
+    for (task_name, variant), d in sorted(results.items()):
+        fin = final_score(d["episode_return"])[:, _delta_index(d)]  # [L, S]
+        cells = []
+        for li in range(fin.shape[0]):
+            m, lo, hi = seed_interval(fin[li], reps=1000)
+            cells.append(f"{float(m):.1f} ± {float(hi - lo) / 2:.1f}")
+        lines.append(f"| {task_name} | {variant} | " + " | ".join(cells) + " |")
+    lines += ["", "## Aggregates over all tasks (main methods)", "",
+              "| lag | method | " + " | ".join(AGGREGATE_METRICS) + " |", "|---|---|" + "---|" * 4]
+    for lag in scale.lags:
+        for variant, mets in agg[lag].items():
+            lines.append(f"| {lag} | {variant} | " + " | ".join(_fmt(mets[m]) for m in AGGREGATE_METRICS) + " |")
+
+    # verdicts
+    lines += ["", "## Verdicts (computed)", ""]
+    if "vaco" in agg[scale.lags[0]]:
+        for lag in scale.lags:
+            v = agg[lag]["vaco"]["iqm"]
+            others = {k: m["iqm"] for k, m in agg[lag].items() if k != "vaco"}
+            best_name = max(others, key=lambda k: others[k][0])
+            b = others[best_name]
+            if v[1] > b[2]:
+                word = "VACO best (CIs separate)"
+            elif v[2] < b[1]:
+                word = f"VACO worse than {best_name} (CIs separate)"
+            elif v[0] >= b[0]:
+                word = "VACO highest point estimate, CIs overlap"
+            else:
+                word = f"{best_name} higher point estimate, CIs overlap"
+            lines.append(f"- lag {lag}: IQM VACO {_fmt(v)} vs best baseline {best_name} {_fmt(b)} → {word}.")
+        lo_lag, hi_lag = scale.lags[0], scale.lags[-1]
+        drops = {k: agg[lo_lag][k]["iqm"][0] - agg[hi_lag][k]["iqm"][0] for k in agg[lo_lag] if k in agg[hi_lag]}
+        order = sorted(drops, key=drops.get)
+        lines.append(f"- IQM drop from lag {lo_lag} to lag {hi_lag} (smaller = more robust): "
+                     + ", ".join(f"{k} {drops[k]:+.3f}" for k in order)
+                     + f" → VACO ranks {order.index('vaco') + 1} of {len(order)}.")
+    for lag, sd in delta_agg.items():
+        vals = {k: v["iqm"][0] for k, v in sd.items()}
+        lines.append(f"- δ sweep at lag {lag}: IQM " + ", ".join(f"δ={k}: {v:.3f}" for k, v in vals.items())
+                     + f" (spread {max(vals.values()) - min(vals.values()):.3f}).")
+    for lag, sd in ablation_agg.items():
+        lines.append(f"- ablation at lag {lag} (IQM): " + ", ".join(f"{k} {_fmt(v['iqm'])}" for k, v in sd.items()))
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scale", choices=tuple(SCALES), default="ci")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--bootstrap-reps", type=int, default=2000)
+    parser.add_argument("--fresh", action="store_true", help="ignore saved runs and recompute all")
+    args = parser.parse_args(argv)
+    scale = SCALES[args.scale]
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    results = run_all(scale, args.out, args.seed, args.fresh)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        commit = "unknown"
+    header = {
+        "command": f"python experiments/vaco_lag_sweep.py --scale {args.scale} --seed {args.seed}",
+        "commit": commit, "machine": f"{platform.machine()} {platform.processor()} "
+        f"{jax.device_count()}×{jax.devices()[0].platform}", "jax": jax.__version__,
+        "wall_time_s_this_invocation": round(time.perf_counter() - start, 1),
+        "compile_s_total": round(float(sum(float(d["compile_s"]) for d in results.values())), 1),
+        "run_s_total": round(float(sum(float(d["run_s"]) for d in results.values())), 1),
+        "seeds": scale.num_seeds, "lags": list(scale.lags),
+    }
+    summary = write_outputs(scale, results, args.out, header, args.bootstrap_reps)
+    print(summary)
+    return results
+
+
+if __name__ == "__main__":
+    main()
