@@ -120,7 +120,7 @@ def variant_config(task: Task, method: str, overrides: dict, ring_size: int) -> 
     if method == "ppo_kl":
         # Our choice: adaptive β (PPO §4) with d_targ = 0.01 from β₀ = 1; the paper ran fixed β's.
         extra["kl_adaptive"] = AdaptiveKLConfig(target=0.01)
-    return TrainConfig(method=method, delay=DelayConfig.fixed(0, ring_size),
+    return TrainConfig(env_name=task.name, method=method, delay=DelayConfig.fixed(0, ring_size),
                        **dict(task.overrides), **extra, **overrides)
 
 
