@@ -17,6 +17,7 @@ with 95% stratified-bootstrap intervals per method and lag), ``delta_sweep.{csv,
 ``ablation.csv``, and ``summary.md`` with the verdicts computed from those numbers.
 
     python experiments/vaco_lag_sweep.py --scale ci     # ~2 min, CartPole, run by the tests
+    python experiments/vaco_lag_sweep.py --scale quick  # ~5 min, part of experiments/quickstart.py
     python experiments/vaco_lag_sweep.py --scale cpu    # the committed results (~1 h, 2-core CPU)
     python experiments/vaco_lag_sweep.py --scale paper  # Brax MuJoCo tasks at 100M steps (GPU/TPU)
 
@@ -95,14 +96,19 @@ SCALES = {
         tasks=(_task("CartPole-v1", total_env_steps=16 * 64 * 24, **_GYMNAX_DISCRETE),),
         lags=(0, 4), num_seeds=2, methods=("ppo_clip", "vaco"), ablations=(), deltas=(PAPER_DELTA,),
     ),
+    "quick": Scale(  # the quickstart's VACO part: two gymnax tasks, three methods, ~5 min
+        tasks=(_task("CartPole-v1", total_env_steps=50_176, **_GYMNAX_DISCRETE),
+               _task("Acrobot-v1", total_env_steps=50_176, **_GYMNAX_DISCRETE)),
+        lags=(0, 4), num_seeds=3, methods=("ppo_clip", "ppo_kl", "vaco"), ablations=(), deltas=(PAPER_DELTA,),
+    ),
     "cpu": Scale(
         tasks=(
             _task("CartPole-v1", total_env_steps=100_000, **_GYMNAX_DISCRETE),
             _task("Acrobot-v1", total_env_steps=100_000, **_GYMNAX_DISCRETE),
             _task("Pendulum-v1", total_env_steps=200_000, **{**_GYMNAX_DISCRETE, "learning_rate": 3e-4,
                                                              "entropy_coef": 0.0, "gamma": 0.95}),
-            _task("brax/inverted_pendulum", ablations=False, total_env_steps=50_176, **_BRAX),
-            _task("brax/inverted_double_pendulum", ablations=False, total_env_steps=50_176, **_BRAX),
+            _task("brax/inverted_pendulum", ablations=False, total_env_steps=150_528, **_BRAX),
+            _task("brax/inverted_double_pendulum", ablations=False, total_env_steps=150_528, **_BRAX),
         ),
         lags=(0, 4, 8), num_seeds=5,
     ),

@@ -181,6 +181,7 @@ def test_adaptive_kl_doubles_beta_when_kl_exceeds_target(tiny_runs):
         (dict(learning_rate=0.0), "learning_rate"),
         (dict(kl_adaptive=0.01), "kl_adaptive"),
         (dict(advantage_normalization="whiten"), "advantage_normalization"),
+        (dict(brax_backend="physx"), "brax_backend"),
     ],
 )
 def test_config_errors_name_the_field(kwargs, field):

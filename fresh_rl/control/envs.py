@@ -1,4 +1,4 @@
-"""Vectorised gymnax 1.x adapter: auto-reset, terminated ≠ truncated, running obs normalisation.
+"""Vectorised gymnax 1.x adapter, the shared step bookkeeping, and the env-id dispatcher.
 
 **What the installed gymnax (1.0.1) gives.** ``env.step(key, state, action, params)`` returns
 six values ``(obs, state, reward, terminated, truncated, info)`` and already auto-resets:
@@ -24,6 +24,14 @@ inputs. With the flag off the statistics are left at (0, 1) and ``ô = o``.
 **Episode bookkeeping.** The adapter accumulates the undiscounted return and length of each
 running episode and reports them on the step that ends it (``episode_return``,
 ``episode_length``, valid where ``done``).
+
+**Shared by both adapters.** Normalisation, the both-flags rule and the episode bookkeeping
+live in :func:`start_episodes` and :func:`finish_step`; the gymnax :class:`VecEnv` and the
+Brax :class:`fresh_rl.control.brax_envs.BraxVecEnv` only produce the raw
+``(obs, final_obs, reward, terminated, truncated)`` of a step and call them.
+
+**Env ids** (:func:`env_names`, :func:`make_vec_env`): gymnax ids as gymnax spells them, and
+``"brax/<name>"`` for every Brax registry entry.
 """
 from __future__ import annotations
 
@@ -41,15 +49,31 @@ from flax import struct
 from fresh_rl.validation import require_choice, require_in_range
 
 
-def env_names() -> tuple[str, ...]:
+BRAX_PREFIX = "brax/"
+
+
+def gymnax_env_names() -> tuple[str, ...]:
     """Names accepted by :class:`VecEnv` (``gymnax.registered_envs``)."""
     return tuple(gymnax.registered_envs)
 
 
+def env_names() -> tuple[str, ...]:
+    """Every id :func:`make_vec_env` accepts: gymnax ids, then ``"brax/<name>"`` ids."""
+    from fresh_rl.control.brax_envs import brax_env_names  # in-function: brax_envs imports us
+
+    return gymnax_env_names() + tuple(BRAX_PREFIX + n for n in brax_env_names())
+
+
 def make_vec_env(name: str, num_envs: int, normalize_obs: bool = False, obs_clip: float = 10.0,
                  brax_backend: str = "spring"):
-    """The vectorised adapter for ``name`` (gymnax ids; Brax ids arrive with the Brax adapter)."""
-    del brax_backend
+    """The vectorised adapter for ``name``: :class:`~fresh_rl.control.brax_envs.BraxVecEnv`
+    (default episode length and action repeat) for ``"brax/<name>"``, gymnax :class:`VecEnv`
+    otherwise. ``brax_backend`` is validated for every id (it is a config field either way)."""
+    from fresh_rl.control.brax_envs import BRAX_BACKENDS, BraxVecEnv  # in-function: see env_names
+
+    require_choice("brax_backend", brax_backend, BRAX_BACKENDS)
+    if name.startswith(BRAX_PREFIX):
+        return BraxVecEnv(name[len(BRAX_PREFIX):], num_envs, normalize_obs, obs_clip, backend=brax_backend)
     return VecEnv(name, num_envs, normalize_obs, obs_clip)
 
 
@@ -116,7 +140,7 @@ class VecEnvState:
     """Per-seed state of ``num_envs`` environments.
 
     Attributes:
-      env_state: gymnax state pytree with leading axis ``num_envs``.
+      env_state: the wrapped environment's state pytree (gymnax or Brax), leading axis ``num_envs``.
       obs_stats: :class:`RunningStats` (shared by all envs of one seed).
       episode_return, episode_length: ``[num_envs]`` accumulators of the running episodes.
     """
@@ -133,7 +157,7 @@ class StepOutput:
 
     Attributes:
       obs: (normalised) observation to act on next — the reset observation where ``done``.
-      next_obs: (normalised) true successor s_{t+1} (``final_observation``), for bootstrapping.
+      next_obs: (normalised) true successor s_{t+1} before any reset, for bootstrapping.
       reward: float32 reward of the step.
       terminated: bool, the task's terminal state was reached (no bootstrap).
       truncated: bool, the time limit ended the episode and it was not terminated.
@@ -153,12 +177,79 @@ class StepOutput:
         return self.terminated | self.truncated
 
 
+def normalize(venv, stats: RunningStats, obs: jax.Array) -> jax.Array:
+    """``clip((o − μ)/√(σ² + 1e-8), ±obs_clip)`` when ``venv.normalize_obs``, else float32 ``o``."""
+    obs = obs.astype(jnp.float32)
+    if not venv.normalize_obs:
+        return obs
+    z = (obs - stats.mean) / jnp.sqrt(stats.var + 1e-8)
+    return jnp.clip(z, -venv.obs_clip, venv.obs_clip)
+
+
+def start_episodes(venv, env_state: Any, obs: jax.Array) -> tuple[VecEnvState, jax.Array]:
+    """State and (normalised) observations after resetting all ``venv.num_envs`` envs.
+
+    ``venv`` is an adapter (``num_envs``, ``normalize_obs``, ``obs_clip``); the first reset
+    batch ``obs [num_envs, ...]`` enters the running statistics.
+    """
+    stats = init_running_stats(obs.shape[1:])
+    if venv.normalize_obs:
+        stats = update_running_stats(stats, obs)
+    state = VecEnvState(
+        env_state=env_state,
+        obs_stats=stats,
+        episode_return=jnp.zeros((venv.num_envs,), jnp.float32),
+        episode_length=jnp.zeros((venv.num_envs,), jnp.int32),
+    )
+    return state, normalize(venv, stats, obs)
+
+
+def finish_step(venv, state: VecEnvState, env_state: Any, obs: jax.Array, final_obs: jax.Array,
+                reward: jax.Array, terminated: jax.Array, truncated: jax.Array
+                ) -> tuple[VecEnvState, StepOutput]:
+    """Statistics, both-flags rule and episode bookkeeping of one raw vectorised step.
+
+    Args: the adapter ``venv``, the state before the step, the env state after auto-reset,
+    ``obs`` (reset observation where done), ``final_obs`` (true successor s_{t+1}), and the
+    step's ``reward``, ``terminated`` and raw ``truncated`` (time limit; ``& ~terminated``
+    is applied here), each with leading axis ``num_envs``.
+    """
+    n = venv.num_envs
+    reward = jnp.reshape(reward, (n,)).astype(jnp.float32)
+    terminated = jnp.reshape(terminated, (n,)).astype(bool)
+    truncated = jnp.reshape(truncated, (n,)).astype(bool) & ~terminated
+    done = terminated | truncated
+    stats = state.obs_stats
+    if venv.normalize_obs:
+        # Our choice: the statistics see the first reset batch and every successor s_{t+1}
+        # (final observations before a reset); later reset observations are not added.
+        stats = update_running_stats(stats, final_obs)
+    episode_return = state.episode_return + reward
+    episode_length = state.episode_length + 1
+    new_state = VecEnvState(
+        env_state=env_state,
+        obs_stats=stats,
+        episode_return=jnp.where(done, 0.0, episode_return),
+        episode_length=jnp.where(done, 0, episode_length),
+    )
+    out = StepOutput(
+        obs=normalize(venv, stats, obs),
+        next_obs=normalize(venv, stats, final_obs),
+        reward=reward,
+        terminated=terminated,
+        truncated=truncated,
+        episode_return=episode_return,
+        episode_length=episode_length,
+    )
+    return new_state, out
+
+
 @dataclasses.dataclass(frozen=True)
 class VecEnv:
     """``num_envs`` copies of a gymnax environment, vmapped, with auto-reset (hashable/static).
 
     Attributes:
-      name: a gymnax environment id (see :func:`env_names`).
+      name: a gymnax environment id (see :func:`gymnax_env_names`).
       num_envs: number of parallel environments (≥ 1).
       normalize_obs: running observation normalisation (see the module docstring).
       obs_clip: clip of normalised observations (> 0).
@@ -170,7 +261,7 @@ class VecEnv:
     obs_clip: float = 10.0
 
     def __post_init__(self):
-        require_choice("env_name", self.name, env_names())
+        require_choice("env_name", self.name, gymnax_env_names())
         require_in_range("num_envs", self.num_envs, 1, math.inf)
         require_in_range("obs_clip", self.obs_clip, 0.0, math.inf, low_inclusive=False)
 
@@ -191,28 +282,12 @@ class VecEnv:
             action_high=float(np.max(np.asarray(space.high))),
         )
 
-    def _normalize(self, stats: RunningStats, obs: jax.Array) -> jax.Array:
-        obs = obs.astype(jnp.float32)
-        if not self.normalize_obs:
-            return obs
-        z = (obs - stats.mean) / jnp.sqrt(stats.var + 1e-8)
-        return jnp.clip(z, -self.obs_clip, self.obs_clip)
-
     def reset(self, key: chex.PRNGKey) -> tuple[VecEnvState, jax.Array]:
         """Reset all envs; returns the state and the (normalised) first observations."""
         env, params = self._make()
         keys = jax.random.split(key, self.num_envs)
         obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(keys, params)
-        stats = init_running_stats(obs.shape[1:])
-        if self.normalize_obs:
-            stats = update_running_stats(stats, obs)
-        state = VecEnvState(
-            env_state=env_state,
-            obs_stats=stats,
-            episode_return=jnp.zeros((self.num_envs,), jnp.float32),
-            episode_length=jnp.zeros((self.num_envs,), jnp.int32),
-        )
-        return state, self._normalize(stats, obs)
+        return start_episodes(self, env_state, obs)
 
     def step(self, key: chex.PRNGKey, state: VecEnvState, actions: chex.Array) -> tuple[VecEnvState, StepOutput]:
         """Step every env; continuous actions are clipped to the action box first."""
@@ -224,31 +299,5 @@ class VecEnv:
         obs, env_state, reward, terminated, truncated, info = jax.vmap(
             env.step, in_axes=(0, 0, 0, None)
         )(keys, state.env_state, actions, params)
-        reward = jnp.reshape(reward, (self.num_envs,)).astype(jnp.float32)
-        terminated = jnp.reshape(terminated, (self.num_envs,)).astype(bool)
-        truncated = jnp.reshape(truncated, (self.num_envs,)).astype(bool) & ~terminated
-        done = terminated | truncated
-        final_obs = info["final_observation"]
-        stats = state.obs_stats
-        if self.normalize_obs:
-            # Our choice: the statistics see the first reset batch and every successor s_{t+1}
-            # (final observations before a reset); later reset observations are not added.
-            stats = update_running_stats(stats, final_obs)
-        episode_return = state.episode_return + reward
-        episode_length = state.episode_length + 1
-        new_state = VecEnvState(
-            env_state=env_state,
-            obs_stats=stats,
-            episode_return=jnp.where(done, 0.0, episode_return),
-            episode_length=jnp.where(done, 0, episode_length),
-        )
-        out = StepOutput(
-            obs=self._normalize(stats, obs),
-            next_obs=self._normalize(stats, final_obs),
-            reward=reward,
-            terminated=terminated,
-            truncated=truncated,
-            episode_return=episode_return,
-            episode_length=episode_length,
-        )
-        return new_state, out
+        return finish_step(self, state, env_state, obs, info["final_observation"], reward,
+                           terminated, truncated)

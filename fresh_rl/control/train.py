@@ -59,6 +59,7 @@ import numpy as np
 import optax
 from flax import struct
 
+from fresh_rl.control import brax_envs
 from fresh_rl.control import envs as envs_lib
 from fresh_rl.control import networks
 from fresh_rl.corrections import (
@@ -94,7 +95,7 @@ class TrainConfig:
     Seed-independent: the seed is the ``key`` given to :func:`train`.
 
     Attributes:
-      env_name: gymnax id (``fresh_rl.control.envs.env_names()``).
+      env_name: a gymnax id or ``"brax/<name>"`` (``fresh_rl.control.envs.env_names()``).
       brax_backend: Brax pipeline (``brax_envs.BRAX_BACKENDS``) of ``"brax/<name>"`` env_name ids.
       num_envs: parallel environments (actors) per seed.
       rollout_length: T, steps per env per iteration; batch = num_envs · T samples.
@@ -161,6 +162,7 @@ class TrainConfig:
 
     def __post_init__(self):
         require_choice("env_name", self.env_name, envs_lib.env_names())
+        require_choice("brax_backend", self.brax_backend, brax_envs.BRAX_BACKENDS)
         require_choice("method", self.method, METHODS)
         require_choice("vaco_advantage", self.vaco_advantage, VACO_ADVANTAGE_FORMS)
         if self.advantage_normalization is not None:
@@ -227,7 +229,7 @@ class TrainConfig:
         return VTraceConfig(lambda_=self.gae_lambda, rho_bar=self.vtrace_rho_bar, c_bar=self.vtrace_c_bar)
 
     @property
-    def vec_env(self) -> envs_lib.VecEnv:
+    def vec_env(self) -> "envs_lib.VecEnv | brax_envs.BraxVecEnv":
         return envs_lib.make_vec_env(self.env_name, self.num_envs, self.normalize_obs, self.obs_clip,
                                      brax_backend=self.brax_backend)
 
