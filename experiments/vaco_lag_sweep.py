@@ -22,9 +22,10 @@ with 95% stratified-bootstrap intervals per method and lag), ``delta_sweep.{csv,
     python experiments/vaco_lag_sweep.py --scale paper  # Brax MuJoCo tasks at 100M steps (GPU/TPU)
 
 **Scores.** A run's final score is the mean episode return over its last 10% of iterations;
-normalised per task as ``(R − R_init)/(R_best − R_init)`` with R_init the mean first-iteration
-return of all the task's runs (the untrained policy) and R_best the best final score of any run
-on the task (our choice: the paper's normalisation is unknown).
+normalised per task as ``(R − R_init)/(R_best − R_init)`` with R_init the mean return of the
+first completed episodes over all the task's runs (the untrained policy) and R_best the best
+final score of any run on the task (our choice: the paper's normalisation is unknown). A run
+whose parameters diverged (NaN returns) scores R_init, i.e. 0, and is counted in the summary.
 """
 from __future__ import annotations
 
@@ -155,9 +156,16 @@ def run_variant(config: TrainConfig, lags, deltas, num_seeds: int, seed: int) ->
 
 
 def final_score(returns: np.ndarray) -> np.ndarray:
-    """Mean over the last 10% of iterations (at least one)."""
+    """Mean over the last 10% of iterations (at least one); NaN for a diverged run."""
     n = max(1, returns.shape[-1] // 10)
     return returns[..., -n:].mean(axis=-1)
+
+
+def initial_score(returns: np.ndarray, episodes_completed: np.ndarray) -> np.ndarray:
+    """Mean return of the first iteration in which a run completed an episode (the untrained
+    policy; iterations before it carry the placeholder 0)."""
+    first = np.argmax(np.cumsum(episodes_completed, axis=-1) > 0, axis=-1)
+    return np.take_along_axis(returns, first[..., None], axis=-1)[..., 0]
 
 
 def _variants(scale: Scale, task: Task):
@@ -214,13 +222,14 @@ def score_tables(scale: Scale, results: dict):
     bounds = {}
     for task in scale.tasks:
         datas = [d for (t, _), d in results.items() if t == task.name]
-        init = np.mean([d["episode_return"][..., 0].mean() for d in datas])
-        best = max(final_score(d["episode_return"]).max() for d in datas)
+        init = np.nanmean([np.nanmean(initial_score(d["episode_return"], d["episodes_completed"])) for d in datas])
+        best = max(np.nanmax(final_score(d["episode_return"])) for d in datas)
         bounds[task.name] = (float(init), float(best))
     scores = {}
     for (task_name, variant), d in results.items():
         low, high = bounds[task_name]
-        norm = (final_score(d["episode_return"]) - low) / max(high - low, 1e-8)  # [L, D, S]
+        final = np.nan_to_num(final_score(d["episode_return"]), nan=low)  # diverged → untrained
+        norm = (final - low) / max(high - low, 1e-8)  # [L, D, S]
         for li, lag in enumerate(np.asarray(d["lags"]).tolist()):
             for di, delta in enumerate(np.asarray(d["deltas"]).tolist()):
                 scores.setdefault((variant, lag, delta), {})[task_name] = norm[li, di]
@@ -253,12 +262,13 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
             fin = final_score(d["episode_return"])
             for li, lag in enumerate(d["lags"].tolist()):
                 for di, delta in enumerate(d["deltas"].tolist()):
+                    init = initial_score(d["episode_return"], d["episodes_completed"])
                     for s in range(fin.shape[2]):
                         def m(key):
                             return float(d[key][li, di, s].mean()) if key in d else ""
                         w.writerow([task_name, variant, lag, delta, s, f"{fin[li, di, s]:.3f}",
-                                    f"{d['episode_return'][li, di, s, 0]:.3f}",
-                                    f"{(fin[li, di, s] - low) / max(high - low, 1e-8):.4f}",
+                                    f"{init[li, di, s]:.3f}",
+                                    f"{(np.nan_to_num(fin[li, di, s], nan=low) - low) / max(high - low, 1e-8):.4f}",
                                     m("lag__version_gap_mean"), m("lag__tv"), m("loss__filter_on"),
                                     m("loss__mask_fraction"), m("loss__clip_fraction")])
 
@@ -399,8 +409,10 @@ def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, head
         fin = final_score(d["episode_return"])[:, _delta_index(d)]  # [L, S]
         cells = []
         for li in range(fin.shape[0]):
-            m, lo, hi = seed_interval(fin[li], reps=1000)
-            cells.append(f"{float(m):.1f} ± {float(hi - lo) / 2:.1f}")
+            ok = np.isfinite(fin[li])
+            m, lo, hi = seed_interval(fin[li][ok], reps=1000) if ok.any() else (np.nan,) * 3
+            diverged = f" ({int((~ok).sum())} diverged)" if not ok.all() else ""
+            cells.append(f"{float(m):.1f} ± {float(hi - lo) / 2:.1f}{diverged}")
         lines.append(f"| {task_name} | {variant} | " + " | ".join(cells) + " |")
     lines += ["", "## Aggregates over all tasks (main methods)", "",
               "| lag | method | " + " | ".join(AGGREGATE_METRICS) + " |", "|---|---|" + "---|" * 4]
