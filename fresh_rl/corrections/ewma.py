@@ -88,14 +88,17 @@ def init_ewma_reference(params: Any) -> EWMAReference:
     return EWMAReference(params=params, reset_count=jnp.zeros((), jnp.int32))
 
 
-def ewma_update(reference: EWMAReference, params: Any, config: EWMAConfig) -> EWMAReference:
+def ewma_update(
+    reference: EWMAReference, params: Any, config: EWMAConfig, beta: Optional[chex.Array] = None
+) -> EWMAReference:
     """``θ_ref ← β θ_ref + (1 − β) θ`` as one ``tree_map`` (Hilton et al. 2021, arXiv 2110.00641, PPO-EWMA).
 
-    Each leaf is combined in at least float32 and cast back, so bfloat16 leaves keep their
-    dtype without accumulating rounding in the mix.
+    ``beta`` (optional, may be traced, e.g. derived from a staleness window held in state)
+    replaces ``config.beta``; the caller keeps it in [0, 1]. Each leaf is combined in at least
+    float32 and cast back, so bfloat16 leaves keep their dtype without accumulating rounding.
     """
     chex.assert_trees_all_equal_shapes_and_dtypes(reference.params, params)
-    beta = config.beta
+    beta = config.beta if beta is None else beta
 
     def mix(ref, p):
         compute = jnp.promote_types(ref.dtype, jnp.float32)

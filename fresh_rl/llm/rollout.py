@@ -5,9 +5,13 @@ Transcript layout (right-padded, `[B, env.transcript_len]`):
 `action_mask` marks the tokens the policy produced (what a policy-gradient loss trains on);
 `behavior_logprobs` holds the sampler's log-probs there (the inference-engine pi_infer).
 
-A policy is `policy(key, tokens [B, T], lengths [B], env_states) -> (actions [B, A],
-action_lengths [B], action_logprobs [B, A])`; `model_policy` samples from the LM (bf16,
-KV cache), `expert_policy` replays the task's demonstration (supervised warm start).
+A policy is `policy(key, tokens [B, T], lengths [B], env_states, turn) -> (actions [B, A],
+action_lengths [B], action_logprobs [B, A], extras)`; `turn` is the int32 turn index and
+`extras` a dict of per-token `[B, A]` arrays that are written at the action positions of the
+transcript like the log-probs (`Episodes.token_extras`; e.g. the per-token policy-version
+tags of the asynchronous pipeline, :mod:`fresh_rl.llm.async_pipeline`). `model_policy`
+samples from the LM (bf16, KV cache), `expert_policy` replays the task's demonstration
+(supervised warm start); both return no extras.
 """
 from __future__ import annotations
 
@@ -30,13 +34,14 @@ class Episodes:
     turn_mask: jax.Array  # [B, max_turns] turns that were played
     success: jax.Array  # [B] the task's verifiable success at any turn
     format_ok: jax.Array  # [B, max_turns]
+    token_extras: dict = flax.struct.field(default_factory=dict)  # name -> [B, T], 0 off-action
 
     @property
     def returns(self):
         return self.rewards.sum(axis=1)
 
 
-def _write(buffer, start, values, count):
+def write_span(buffer, start, values, count):
     """buffer[start:start+count] = values[:count] for one row (any dtype)."""
     m = values.shape[0]
     idx = jnp.where(jnp.arange(m) < count, start + jnp.arange(m), buffer.shape[0])
@@ -57,20 +62,20 @@ def model_policy(params, model_config: Qwen2Config, sampling: SamplingConfig):
     if text.EOS not in sampling.stop_tokens:
         raise ValueError(f"SamplingConfig.stop_tokens must contain EOS={text.EOS} for tasks")
 
-    def policy(key, tokens, lengths, states):
-        del states
+    def policy(key, tokens, lengths, states, turn):
+        del states, turn
         prompt, prompt_mask = right_to_left_padded(tokens, lengths)
         gen = generate(params, model_config, sampling, prompt, prompt_mask, key)
-        return gen.tokens, gen.lengths, gen.logprobs
+        return gen.tokens, gen.lengths, gen.logprobs, {}
 
     return policy
 
 
 def expert_policy(env):
-    def policy(key, tokens, lengths, states):
-        del key, tokens, lengths
+    def policy(key, tokens, lengths, states, turn):
+        del key, tokens, lengths, turn
         actions, action_lengths = jax.vmap(env.expert_action)(states)
-        return actions, action_lengths, jnp.zeros(actions.shape, jnp.float32)
+        return actions, action_lengths, jnp.zeros(actions.shape, jnp.float32), {}
 
     return policy
 
@@ -87,22 +92,29 @@ def run_episodes(env, policy, key, batch: int, reset_keys=None) -> Episodes:
         reset_keys = jax.random.split(k_reset, batch)
     obs, obs_len, states = jax.vmap(env.reset)(reset_keys)
     tokens = jnp.zeros((batch, width), jnp.int32).at[:, 0].set(text.BOS)
-    tokens = jax.vmap(_write)(tokens, jnp.ones(batch, jnp.int32), obs, obs_len)
+    tokens = jax.vmap(write_span)(tokens, jnp.ones(batch, jnp.int32), obs, obs_len)
     lengths = 1 + obs_len
     action_mask = jnp.zeros((batch, width), bool)
     behavior = jnp.zeros((batch, width), jnp.float32)
 
-    def turn(carry, key):
-        tokens, lengths, action_mask, behavior, states, done = carry
+    def pad_action(x):
+        return jnp.pad(x, ((0, 0), (0, env.action_len - x.shape[1])))
+
+    def turn(carry, xs):
+        key, turn_index = xs
+        tokens, lengths, action_mask, behavior, extras, states, done = carry
         active = ~done
-        actions, action_lengths, logprobs = policy(key, tokens, lengths, states)
+        actions, action_lengths, logprobs, new_extras = policy(key, tokens, lengths, states,
+                                                               turn_index)
         if actions.shape[1] != env.action_len:
-            actions = jnp.pad(actions, ((0, 0), (0, env.action_len - actions.shape[1])))
+            actions = pad_action(actions)
         written = jnp.where(active, action_lengths, 0)
-        tokens = jax.vmap(_write)(tokens, lengths, actions, written)
-        action_mask = jax.vmap(_write)(action_mask, lengths, jnp.ones_like(actions, bool),
+        tokens = jax.vmap(write_span)(tokens, lengths, actions, written)
+        action_mask = jax.vmap(write_span)(action_mask, lengths, jnp.ones_like(actions, bool),
                                        written)
-        behavior = jax.vmap(_write)(behavior, lengths, logprobs, written)
+        behavior = jax.vmap(write_span)(behavior, lengths, logprobs, written)
+        extras = {name: jax.vmap(write_span)(extras[name], lengths, pad_action(new_extras[name]),
+                                         written) for name in extras}
         lengths = lengths + written
         obs, obs_len, new_states, reward, step_done, info = jax.vmap(env.step)(
             states, actions, action_lengths)
@@ -111,15 +123,20 @@ def run_episodes(env, policy, key, batch: int, reset_keys=None) -> Episodes:
             new_states, states)
         done = done | step_done
         shown = jnp.where(active & ~done, obs_len, 0)
-        tokens = jax.vmap(_write)(tokens, lengths, obs, shown)
+        tokens = jax.vmap(write_span)(tokens, lengths, obs, shown)
         lengths = lengths + shown
         out = (jnp.where(active, reward, 0.0), active, active & info["success"],
                active & info["format_ok"])
-        return (tokens, lengths, action_mask, behavior, states, done), out
+        return (tokens, lengths, action_mask, behavior, extras, states, done), out
 
-    init = (tokens, lengths, action_mask, behavior, states, jnp.zeros(batch, bool))
-    (tokens, lengths, action_mask, behavior, _, _), (rewards, active, success, fmt) = \
-        jax.lax.scan(turn, init, jax.random.split(k_policy, env.max_turns))
+    # The extras' names and dtypes come from one abstract call of the policy (no compute).
+    spec = jax.eval_shape(policy, k_policy, tokens, lengths, states, jnp.zeros((), jnp.int32))[3]
+    extras = {name: jnp.zeros((batch, width), value.dtype) for name, value in spec.items()}
+    init = (tokens, lengths, action_mask, behavior, extras, states, jnp.zeros(batch, bool))
+    xs = (jax.random.split(k_policy, env.max_turns), jnp.arange(env.max_turns, dtype=jnp.int32))
+    (tokens, lengths, action_mask, behavior, extras, _, _), (rewards, active, success, fmt) = \
+        jax.lax.scan(turn, init, xs)
     return Episodes(tokens=tokens, mask=jnp.arange(width)[None] < lengths[:, None],
                     action_mask=action_mask, behavior_logprobs=behavior, rewards=rewards.T,
-                    turn_mask=active.T, success=success.any(axis=0), format_ok=fmt.T)
+                    turn_mask=active.T, success=success.any(axis=0), format_ok=fmt.T,
+                    token_extras=extras)

@@ -29,6 +29,10 @@ class SamplingConfig:
 
     temperature 0 means greedy; top_k 0 and top_p 1 disable those filters. `stop_tokens`
     end a row (the stop token is kept, with mask 1). `dtype` is the inference compute dtype.
+    `logit_noise_std` σ ≥ 0 adds i.i.d. N(0, σ²) noise to every next-token logit before
+    sampling (the recorded log-probs are those of the noisy distribution): an extra
+    train–inference mismatch on top of bf16 that mimics MoE routing noise (our stand-in;
+    0 = off, the default).
     """
 
     max_new_tokens: int
@@ -38,6 +42,7 @@ class SamplingConfig:
     stop_tokens: tuple[int, ...] = ()
     pad_id: int = 0
     dtype: str = "bfloat16"
+    logit_noise_std: float = 0.0
 
     def __post_init__(self):
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -51,6 +56,9 @@ class SamplingConfig:
                              f"got {self.top_k!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p}")
+        if not self.logit_noise_std >= 0:
+            raise ValueError(f"SamplingConfig.logit_noise_std must be >= 0, "
+                             f"got {self.logit_noise_std}")
         if self.dtype not in ("bfloat16", "float32"):
             raise ValueError(f"SamplingConfig.dtype must be 'bfloat16' or 'float32', "
                              f"got {self.dtype!r}")
@@ -131,6 +139,9 @@ def _decode_loop(step_logits, first_logits, key, sampling, row_limit, state):
     def body(carry, t):
         state, logits, done, key = carry
         key, sub = jax.random.split(key)
+        if sampling.logit_noise_std > 0:
+            noise = jax.random.normal(jax.random.fold_in(sub, 1), logits.shape, jnp.float32)
+            logits = logits.astype(jnp.float32) + sampling.logit_noise_std * noise
         token, logp = _filter_and_sample(logits, sub, sampling)
         active = ~done
         token = jnp.where(active, token, sampling.pad_id).astype(jnp.int32)

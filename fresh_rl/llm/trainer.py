@@ -38,7 +38,8 @@ import numpy as np
 import optax
 
 from fresh_rl.corrections import (DecoupledPPOConfig, MISConfig, PPOClipConfig,
-                                  decoupled_ppo_loss, masked_mean, ppo_clip_loss)
+                                  decoupled_ppo_loss, linear_proximal_log_probs,
+                                  loglinear_proximal_log_probs, masked_mean, ppo_clip_loss)
 from fresh_rl.llm import advantages as adv_lib
 from fresh_rl.llm.model import Qwen2Config
 from fresh_rl.llm.rollout import Episodes, model_policy, run_episodes
@@ -48,6 +49,8 @@ from fresh_rl.validation import require_choice, require_in_range
 
 ESTIMATORS = ("grpo", "reinforce_pp")
 LOSSES = ("ppo_clip", "decoupled")
+PROXIMAL_PROXIES = {"linear": linear_proximal_log_probs,
+                    "loglinear": loglinear_proximal_log_probs}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,6 +176,8 @@ class Batch:
     behavior_logprobs: jax.Array  # [B, T] sampler (bf16) log-probs, pi_infer
     old_logprobs: jax.Array  # [B, T] fp32 trainer log-probs at batch start, pi_old_train
     advantages: jax.Array  # [B, T]
+    # [B, T] interpolation weight α of a proxy π_old (``policy_loss(proximal=...)``), else None
+    proxy_alpha: Optional[jax.Array] = None
 
 
 def make_optimizer(config: RLConfig) -> optax.GradientTransformation:
@@ -242,26 +247,39 @@ def compute_advantages(config: RLConfig, returns, action_mask):
 
 
 def prepare_batch(params, episodes: Episodes, *, config: RLConfig,
-                  model_config: Qwen2Config) -> Batch:
-    """fp32 old log-probs of the current params and the advantages of ``episodes``."""
-    old, _ = token_logprobs_and_entropy(params, model_config, episodes.tokens, episodes.mask,
-                                        temperature=config.temperature)
+                  model_config: Qwen2Config, old_logprobs=None, proxy_alpha=None) -> Batch:
+    """The advantages of ``episodes`` and their old log-probs: ``old_logprobs`` if given (an
+    old-logit route of :mod:`fresh_rl.llm.old_logits`), else the fp32 forward of ``params``."""
+    if old_logprobs is None:
+        old_logprobs, _ = token_logprobs_and_entropy(params, model_config, episodes.tokens,
+                                                     episodes.mask,
+                                                     temperature=config.temperature)
     action_mask = episodes.action_mask & episodes.mask
     return Batch(tokens=episodes.tokens, mask=episodes.mask, action_mask=action_mask,
                  behavior_logprobs=jnp.where(action_mask, episodes.behavior_logprobs, 0.0),
-                 old_logprobs=jnp.where(action_mask, jax.lax.stop_gradient(old), 0.0),
-                 advantages=compute_advantages(config, episodes.returns, action_mask))
+                 old_logprobs=jnp.where(action_mask, jax.lax.stop_gradient(old_logprobs), 0.0),
+                 advantages=compute_advantages(config, episodes.returns, action_mask),
+                 proxy_alpha=proxy_alpha)
 
 
-def policy_loss(params, batch: Batch, *, config: RLConfig, model_config: Qwen2Config):
-    """Token-mean policy loss of ``batch`` and its metrics (see the module docstring)."""
+def policy_loss(params, batch: Batch, *, config: RLConfig, model_config: Qwen2Config,
+                proximal: Optional[str] = None):
+    """Token-mean policy loss of ``batch`` and its metrics (see the module docstring).
+
+    ``proximal`` (``"linear"`` / ``"loglinear"``, decoupled loss only) replaces
+    ``batch.old_logprobs`` by the interpolation proxy between π_infer and the detached π_θ of
+    this minibatch with weight ``batch.proxy_alpha`` (A-3PO / AReaL ``prox_logp_method``; no
+    extra forward pass; papers/old_logits.md §2)."""
     logp, entropy = token_logprobs_and_entropy(params, model_config, batch.tokens, batch.mask,
                                                temperature=config.temperature)
     if config.loss == "ppo_clip":
         loss, metrics = ppo_clip_loss(logp, batch.behavior_logprobs, batch.advantages,
                                       batch.action_mask, config=config.clip)
     else:
-        loss, metrics = decoupled_ppo_loss(logp, batch.old_logprobs, batch.behavior_logprobs,
+        old = batch.old_logprobs
+        if proximal is not None:
+            old = PROXIMAL_PROXIES[proximal](batch.behavior_logprobs, logp, batch.proxy_alpha)
+        loss, metrics = decoupled_ppo_loss(logp, old, batch.behavior_logprobs,
                                            batch.advantages, batch.action_mask,
                                            config=config.decoupled)
     metrics = dict(metrics, entropy=masked_mean(entropy, batch.action_mask))
@@ -269,8 +287,9 @@ def policy_loss(params, batch: Batch, *, config: RLConfig, model_config: Qwen2Co
 
 
 def update(state: TrainState, batch: Batch, key, *, config: RLConfig,
-           model_config: Qwen2Config):
-    """``epochs × minibatches`` optimizer steps on ``batch``; metrics averaged over them."""
+           model_config: Qwen2Config, proximal: Optional[str] = None):
+    """``epochs × minibatches`` optimizer steps on ``batch``; metrics averaged over them
+    (``proximal``: see :func:`policy_loss`)."""
     optimizer = make_optimizer(config)
     size = config.batch_size // config.minibatches
     grad_fn = jax.grad(policy_loss, has_aux=True)
@@ -283,7 +302,7 @@ def update(state: TrainState, batch: Batch, key, *, config: RLConfig,
     def one_step(state, rows):
         minibatch = jax.tree_util.tree_map(lambda x: x[rows], batch)
         grads, metrics = grad_fn(state.params, minibatch, config=config,
-                                 model_config=model_config)
+                                 model_config=model_config, proximal=proximal)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         metrics["grad_norm"] = optax.tree.norm(grads)
         state = TrainState(params=optax.apply_updates(state.params, updates),
@@ -319,23 +338,24 @@ def iteration(state: TrainState, key, *, config: RLConfig, env, model_config: Qw
 _ITERATION_CACHE: dict = {}
 
 
-def make_iteration(config: RLConfig, env, model_config: Qwen2Config):
-    """Jitted ``(state, key) -> (state, metrics)`` of one full iteration.
-
-    Cached per ``(config, env, model_config)`` when all three are hashable (an env holding
-    array data banks is not; it gets a fresh jitted function, i.e. a new compilation).
-    """
-    def build():
-        return jax.jit(lambda state, key: iteration(state, key, config=config, env=env,
-                                                    model_config=model_config))
+def cached_build(cache_key: tuple, build):
+    """``build()`` memoised per ``cache_key`` when it is hashable (an env holding array data
+    banks is not; it gets a fresh result, i.e. a new compilation of a jitted function)."""
     try:
-        cache_key = (config, env, model_config)
         hash(cache_key)
     except TypeError:
         return build()
     if cache_key not in _ITERATION_CACHE:
         _ITERATION_CACHE[cache_key] = build()
     return _ITERATION_CACHE[cache_key]
+
+
+def make_iteration(config: RLConfig, env, model_config: Qwen2Config):
+    """Jitted ``(state, key) -> (state, metrics)`` of one full iteration, cached per
+    ``(config, env, model_config)`` (:func:`cached_build`)."""
+    return cached_build(("sync", config, env, model_config), lambda: jax.jit(
+        lambda state, key: iteration(state, key, config=config, env=env,
+                                     model_config=model_config)))
 
 
 def train_loop(config: RLConfig, key, num_iterations: int, *, params, env,
@@ -362,7 +382,8 @@ def train_loop(config: RLConfig, key, num_iterations: int, *, params, env,
     return state, history
 
 
-__all__ = ["Batch", "RLConfig", "TrainState", "batch_metrics", "collect",
+__all__ = ["Batch", "PROXIMAL_PROXIES", "RLConfig", "TrainState", "batch_metrics",
+           "cached_build", "collect",
            "compute_advantages", "group_prompt_match", "group_reset_keys", "init_train_state", "iteration",
            "make_iteration", "make_optimizer", "policy_loss", "prepare_batch",
            "sampling_config", "train_loop", "update"]

@@ -1,0 +1,388 @@
+"""Missing old logits in asynchronous LLM RL (arXiv 2605.12070): routes × staleness window.
+
+  .venv/bin/python experiments/old_logits.py --scale cpu      # the committed results
+  .venv/bin/python experiments/old_logits.py --scale ci --out /tmp/old_logits_ci
+
+From the warm-started tiny LM (results/llm_warm_start/checkpoint) on the arithmetic task,
+runs the asynchronous simulator (fresh_rl.llm.async_pipeline) for every route of the grid at
+every staleness window W, seeds run one after another through the same compiled iteration.
+Writes to --out (default results/old_logits, or results/old_logits_ci for ci):
+
+  runs/<route>_W<w>[_partial]_seed<s>.csv  per-iteration metrics of one run
+  curves.csv      mean and 95% seed-bootstrap interval per (route, W, step) of success rate,
+                  active-token fraction and mean |log r_d|
+  summary.csv     per (route, W): final success (last third of the iterations), mean
+                  active-token fraction and |log r_d| once the ring is full (step ≥ W),
+                  EWMA resets; 95% intervals over seeds
+  overhead.csv/.md  per route at the overhead W: extra parameter copies (fp32 bytes), fp32
+                  forwards spent on old log-probs per step, median seconds per step
+  eval.csv        (when the scale evaluates) success of the warm start and of each final
+                  policy on the same held-out prompts
+  success_vs_step.png, mechanism.png, reset_ablation.png, config.json
+The ``paper`` scale configures the qwen2.5-0.5b preset (pass --checkpoint, an HF folder) and
+larger batches; it is not run here.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import os
+import platform
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from fresh_rl.eval import seed_interval  # noqa: E402
+from fresh_rl.llm import async_pipeline as ap  # noqa: E402
+from fresh_rl.llm.model import preset  # noqa: E402
+from fresh_rl.llm.old_logits import ROUTES  # noqa: E402
+from fresh_rl.llm.tasks import ArithmeticTask  # noqa: E402
+from fresh_rl.llm.trainer import RLConfig, collect  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WARM_START = os.path.join(ROOT, "results", "llm_warm_start", "checkpoint")
+CURVE_METRICS = ("success_rate", "active_token_fraction", "abs_log_rd_mean")
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    """One experiment scale. ``grid_routes`` × ``windows`` × ``seeds`` learning-curve runs;
+    ``partial_routes`` run again with partial rollouts at ``partial_window``; the routes not
+    in the grid are run once (seed 0) at ``overhead_window`` for the overhead table."""
+
+    model: str
+    rl: RLConfig
+    env: ArithmeticTask
+    windows: tuple[int, ...]
+    grid_routes: tuple[str, ...]
+    seeds: int
+    iterations: int
+    overhead_window: int
+    overhead_iterations: int
+    partial_routes: tuple[str, ...] = ()
+    partial_window: int = 4
+    segment_tokens: int = 8
+    eval_episodes: int = 0  # 0: no held-out evaluation
+
+
+# Our tuning probe of the synchronous trainer from the warm start (GRPO, 30-40 iterations of
+# 64-128 episodes, lr 3e-4 / 1e-3 / 3e-3) found no setting that clearly raised arithmetic
+# success above the warm start's ~0.05 (README.md). lr 1e-3 is the stable middle: large
+# enough for the policy to drift measurably per version, which is what staleness acts on.
+RL_TINY = RLConfig(estimator="grpo", num_groups=8, group_size=8, learning_rate=1e-3,
+                   loss="decoupled")
+SCALES = {
+    "ci": Scale(model="tiny", rl=RL_TINY, env=ArithmeticTask(digits=1, steps=2), windows=(1,),
+                grid_routes=("snapshot",), seeds=1, iterations=8, overhead_window=1,
+                overhead_iterations=0, eval_episodes=256),
+    "cpu": Scale(model="tiny", rl=dataclasses.replace(RL_TINY, num_groups=4),
+                 env=ArithmeticTask(digits=1, steps=2), windows=(1, 2, 4, 8),
+                 grid_routes=("recompute_current", "snapshot", "linear_proxy", "ewma",
+                              "ewma_no_reset"),
+                 seeds=3, iterations=12, overhead_window=4, overhead_iterations=4),
+    "paper": Scale(model="qwen2.5-0.5b",
+                   rl=dataclasses.replace(RL_TINY, num_groups=64, group_size=8,
+                                          learning_rate=1e-6, minibatches=4),
+                   env=ArithmeticTask(digits=2, steps=2), windows=(1, 2, 4, 8),
+                   grid_routes=ROUTES, seeds=5, iterations=300, overhead_window=4,
+                   overhead_iterations=10, partial_routes=ROUTES, partial_window=4,
+                   segment_tokens=32, eval_episodes=1024),
+}
+
+
+def load_params(scale: Scale, checkpoint: str | None):
+    if scale.model == "tiny":
+        from fresh_rl.llm.warm_start import restore_params
+        return preset("tiny"), restore_params(checkpoint or WARM_START, preset("tiny"))
+    if checkpoint is None:
+        raise ValueError(f"--checkpoint (a Hugging Face model folder) is required for the "
+                         f"{scale.model} preset")
+    from fresh_rl.llm.checkpoint import load_hf_checkpoint
+    return load_hf_checkpoint(checkpoint)
+
+
+def make_evaluator(scale: Scale, model_config):
+    """Jitted ``(params, key) -> successes [E]`` of the bf16 sampler at the RL temperature;
+    the same key gives the same prompts."""
+    config = dataclasses.replace(scale.rl, num_groups=scale.eval_episodes, group_size=1,
+                                 estimator="reinforce_pp")
+    return jax.jit(lambda p, k: collect(p, k, config=config, env=scale.env,
+                                        model_config=model_config).success)
+
+
+def async_config_for(scale: Scale, route: str, partial: bool = False) -> ap.AsyncConfig:
+    return ap.AsyncConfig(staleness_window=max(scale.windows + (scale.overhead_window,)),
+                          old_logit_route=route, partial_rollouts=partial,
+                          segment_tokens=scale.segment_tokens)
+
+
+def run_name(route: str, window: int, partial: bool, seed: int) -> str:
+    return f"{route}_W{window}{'_partial' if partial else ''}_seed{seed}"
+
+
+def write_csv(path: str, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def run_one(scale: Scale, route: str, window: int, partial: bool, seed: int, iterations: int,
+            params, model_config, out: str):
+    """One run at window ``window``; writes its CSV and returns ``(history, final_params)``.
+    The ring holds max(windows) + 1 versions for every run, so each route compiles once."""
+    async_config = async_config_for(scale, route, partial)
+    state, history = ap.train_loop(scale.rl, async_config, jax.random.PRNGKey(seed), iterations,
+                                   params=params, env=scale.env, model_config=model_config,
+                                   window=window)
+    rows = [{"step": i, **{k: float(v[i]) for k, v in history.items()}}
+            for i in range(iterations)]
+    write_csv(os.path.join(out, "runs", run_name(route, window, partial, seed) + ".csv"), rows)
+    return history, state.train.params
+
+
+def load_runs(scale: Scale, out: str) -> tuple[dict, dict]:
+    """``(histories, timed)`` rebuilt from the run CSVs already in ``out/runs`` (--resume)."""
+    histories, timed = {}, {}
+    plan = [(r, w, False) for r in scale.grid_routes for w in scale.windows]
+    plan += [(r, scale.partial_window, True) for r in scale.partial_routes]
+    for route, window, partial in plan:
+        for seed in range(scale.seeds):
+            path = os.path.join(out, "runs", run_name(route, window, partial, seed) + ".csv")
+            if not os.path.exists(path):
+                continue
+            with open(path) as f:
+                rows = list(csv.DictReader(f))
+            history = {k: np.array([float(r[k]) for r in rows]) for k in rows[0] if k != "step"}
+            histories.setdefault((route, window, partial), []).append(history)
+            if window == scale.overhead_window and not partial and seed == 0:
+                timed[route] = history
+    for route in ROUTES:
+        path = os.path.join(out, "runs", run_name(route, scale.overhead_window, False, 0) + ".csv")
+        if route not in timed and os.path.exists(path):
+            with open(path) as f:
+                rows = list(csv.DictReader(f))
+            timed[route] = {k: np.array([float(r[k]) for r in rows]) for k in rows[0]}
+    return histories, timed
+
+
+def summarise(histories: dict, scale: Scale) -> tuple[list[dict], list[dict]]:
+    """``(curves, summary)`` rows with 95% seed-bootstrap intervals."""
+    curves, summary = [], []
+    for (route, window, partial), runs in histories.items():
+        stacked = {k: np.stack([h[k] for h in runs]) for k in runs[0]}  # [seeds, steps]
+        for metric in CURVE_METRICS:
+            mean, low, high = seed_interval(stacked[metric], axis=0)
+            curves += [{"route": route, "window": window, "partial": partial, "metric": metric,
+                        "step": i, "mean": mean[i], "low": low[i], "high": high[i]}
+                       for i in range(len(mean))]
+        n = stacked["success_rate"].shape[1]
+        final = stacked["success_rate"][:, n - max(1, n // 3):].mean(axis=1)
+        full = slice(min(window, n - 1), n)
+        row = {"route": route, "window": window, "partial": partial, "seeds": len(runs)}
+        for name, values in (("final_success", final),
+                             ("active_fraction", stacked["active_token_fraction"][:, full].mean(1)),
+                             ("abs_log_rd", stacked["abs_log_rd_mean"][:, full].mean(1)),
+                             ("clip_fraction", stacked["clip_fraction"][:, full].mean(1)),
+                             ("lag_mean", stacked["lag_mean"][:, full].mean(1)),
+                             ("ewma_resets", stacked["ewma_reset_count"][:, -1])):
+            mean, low, high = seed_interval(values, axis=0)
+            row.update({name: float(mean), f"{name}_low": float(low),
+                        f"{name}_high": float(high)})
+        summary.append(row)
+    return curves, summary
+
+
+def time_routes_interleaved(scale: Scale, params, model_config, rounds: int) -> dict:
+    """Per route at the overhead window: compile, fill the ring (``overhead_window``
+    iterations), then ``rounds`` rounds of one iteration of every route in turn, so that
+    every route sees the same background load (the machine is shared). Returns
+    ``{route: {"wall_seconds": [rounds], "old_logit_forwards": [rounds]}}``."""
+    runs = {}
+    for route in ROUTES:
+        async_config = async_config_for(scale, route)
+        step = ap.make_iteration(scale.rl, async_config, scale.env, model_config)
+        state = ap.init_state(scale.rl, async_config, params, scale.overhead_window)
+        for i in range(scale.overhead_window + 1):
+            state, _ = step(state, jax.random.fold_in(jax.random.PRNGKey(0), i))
+        runs[route] = [step, state, {"wall_seconds": [], "old_logit_forwards": []}]
+    for r in range(rounds):
+        for route, run in runs.items():
+            step, state, timing = run
+            start = time.perf_counter()
+            state, metrics = step(state, jax.random.PRNGKey(1000 + r))
+            forwards = float(metrics["old_logit_forwards"])  # blocks on the iteration
+            timing["wall_seconds"].append(time.perf_counter() - start)
+            timing["old_logit_forwards"].append(forwards)
+            run[1] = state
+    return {route: {k: np.array(v) for k, v in run[2].items()} for route, run in runs.items()}
+
+
+def overhead_rows(timed: dict, scale: Scale, params) -> list[dict]:
+    rows = []
+    for route, history in timed.items():
+        costs = ap.route_costs(async_config_for(scale, route), params, scale.overhead_window)
+        seconds = history["wall_seconds"][1:] if len(history["wall_seconds"]) > 1 \
+            else history["wall_seconds"]
+        rows.append({"route": route, "window": scale.overhead_window, **costs,
+                     "extra_param_mib": costs["extra_param_bytes"] / 2 ** 20,
+                     "old_logit_forwards_per_step": float(np.mean(history["old_logit_forwards"])),
+                     "seconds_per_step_median": float(np.median(seconds)),
+                     "timed_steps": len(seconds)})
+    base = next((r["seconds_per_step_median"] for r in rows if r["route"] == "linear_proxy"), None)
+    for r in rows:
+        r["time_vs_linear_proxy"] = r["seconds_per_step_median"] / base if base else float("nan")
+    return rows
+
+
+def plot(curves: list[dict], scale: Scale, out: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def series(route, window, partial, metric):
+        rows = [r for r in curves if (r["route"], r["window"], r["partial"], r["metric"])
+                == (route, window, partial, metric)]
+        return (np.array([r["step"] for r in rows]), np.array([r["mean"] for r in rows]),
+                np.array([r["low"] for r in rows]), np.array([r["high"] for r in rows]))
+
+    def panel_grid(metrics, routes, filename, partial=False, windows=scale.windows):
+        fig, axes = plt.subplots(len(metrics), len(windows), squeeze=False,
+                                 figsize=(3.6 * len(windows), 2.8 * len(metrics)))
+        for i, metric in enumerate(metrics):
+            for j, window in enumerate(windows):
+                ax = axes[i, j]
+                for route in routes:
+                    step, mean, low, high = series(route, window, partial, metric)
+                    if len(step):
+                        ax.plot(step, mean, label=route)
+                        ax.fill_between(step, low, high, alpha=0.2)
+                ax.set_title(f"W={window}{' partial' if partial else ''}", fontsize=9)
+                ax.set_xlabel("iteration")
+                ax.set_ylabel(metric, fontsize=8)
+                if metric == "abs_log_rd_mean":
+                    ax.set_yscale("log")
+        axes[0, -1].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, filename), dpi=110)
+        plt.close(fig)
+
+    panel_grid(("success_rate",), scale.grid_routes, "success_vs_step.png")
+    panel_grid(("active_token_fraction", "abs_log_rd_mean"), scale.grid_routes, "mechanism.png")
+    ablation = [r for r in ("ewma", "ewma_no_reset", "snapshot") if r in scale.grid_routes]
+    if len(ablation) > 1:
+        panel_grid(CURVE_METRICS, ablation, "reset_ablation.png")
+    if scale.partial_routes:
+        panel_grid(("success_rate", "active_token_fraction", "abs_log_rd_mean"),
+                   scale.partial_routes, "partial_rollouts.png", partial=True,
+                   windows=(scale.partial_window,))
+
+
+def overhead_markdown(rows: list[dict]) -> str:
+    lines = ["| route | W | extra param copies | extra MiB (fp32) | old-logit forwards / step "
+             "| s / step (median) | vs linear_proxy |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['route']} | {r['window']} | {r['extra_param_copies']} | "
+              f"{r['extra_param_mib']:.1f} | {r['old_logit_forwards_per_step']:.2f} | "
+              f"{r['seconds_per_step_median']:.2f} | {r['time_vs_linear_proxy']:.2f} |"
+              for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scale", choices=sorted(SCALES), default="ci")
+    parser.add_argument("--out", default=None,
+                        help="output folder (default results/old_logits[_ci])")
+    parser.add_argument("--checkpoint", default=None,
+                        help="initial parameters (default: the tiny warm start)")
+    parser.add_argument("--overhead-only", type=int, default=0, metavar="ROUNDS",
+                        help="only re-time every route, interleaved, ROUNDS rounds at the "
+                             "overhead window (writes overhead.csv/.md)")
+    parser.add_argument("--resume", action="store_true",
+                        help="skip the runs whose CSV exists in --out/runs and summarise all")
+    args = parser.parse_args(argv)
+    scale = SCALES[args.scale]
+    out = args.out or os.path.join(ROOT, "results",
+                                   "old_logits_ci" if args.scale == "ci" else "old_logits")
+    os.makedirs(os.path.join(out, "runs"), exist_ok=True)
+    start = time.time()
+    model_config, params = load_params(scale, args.checkpoint)
+    log = lambda msg: print(f"[{time.time() - start:7.0f}s] {msg}", flush=True)  # noqa: E731
+    if args.overhead_only:
+        timed = time_routes_interleaved(scale, params, model_config, args.overhead_only)
+        # the first round is the first call at this argument placement: dropped as warm-up
+        overhead = overhead_rows(timed, scale, params)
+        write_csv(os.path.join(out, "overhead.csv"), overhead)
+        with open(os.path.join(out, "overhead.md"), "w") as f:
+            f.write(overhead_markdown(overhead))
+        log(f"wrote {out}/overhead.csv (interleaved, {args.overhead_only} rounds)")
+        return out
+
+    histories, timed = load_runs(scale, out) if args.resume else ({}, {})
+    finals = {}
+    plan = [(r, w, False) for r in scale.grid_routes for w in scale.windows]
+    plan += [(r, scale.partial_window, True) for r in scale.partial_routes]
+    for route, window, partial in plan:
+        for seed in range(scale.seeds):
+            if len(histories.get((route, window, partial), [])) > seed:
+                continue
+            history, final = run_one(scale, route, window, partial, seed, scale.iterations,
+                                     params, model_config, out)
+            histories.setdefault((route, window, partial), []).append(history)
+            finals[run_name(route, window, partial, seed)] = final
+            log(f"{run_name(route, window, partial, seed)}: success "
+                f"{history['success_rate'].mean():.3f} active "
+                f"{history['active_token_fraction'].mean():.3f} |log r_d| "
+                f"{history['abs_log_rd_mean'].mean():.4f} "
+                f"s/step {np.median(history['wall_seconds'][1:]):.2f}")
+            if window == scale.overhead_window and not partial and seed == 0:
+                timed[route] = history
+    if scale.overhead_iterations:
+        for route in ROUTES:
+            if route not in timed:
+                timed[route], _ = run_one(scale, route, scale.overhead_window, False, 0,
+                                          scale.overhead_iterations, params, model_config, out)
+                log(f"overhead run {route}: s/step "
+                    f"{np.median(timed[route]['wall_seconds'][1:]):.2f}")
+
+    curves, summary = summarise(histories, scale)
+    write_csv(os.path.join(out, "curves.csv"), curves)
+    write_csv(os.path.join(out, "summary.csv"), summary)
+    if timed:
+        overhead = overhead_rows({r: timed[r] for r in ROUTES if r in timed}, scale, params)
+        write_csv(os.path.join(out, "overhead.csv"), overhead)
+        with open(os.path.join(out, "overhead.md"), "w") as f:
+            f.write(overhead_markdown(overhead))
+    if scale.eval_episodes:
+        evaluate = make_evaluator(scale, model_config)
+        key = jax.random.PRNGKey(10_000)  # held-out prompts, shared by every policy
+        rows = [{"policy": "warm_start",
+                 "success": float(jnp.mean(evaluate(params, key).astype(jnp.float32)))}]
+        rows += [{"policy": name, "success": float(jnp.mean(evaluate(p, key).astype(jnp.float32)))}
+                 for name, p in finals.items()]
+        write_csv(os.path.join(out, "eval.csv"), rows)
+        log(f"held-out success: {rows}")
+    plot(curves, scale, out)
+    wall = time.time() - start
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump({"scale": args.scale, "command": " ".join(["experiments/old_logits.py"]
+                                                            + (argv or sys.argv[1:])),
+                   "wall_seconds": wall, "machine": f"{platform.machine()}, "
+                   f"{os.cpu_count()} CPU cores, {platform.platform()}, jax {jax.__version__} "
+                   f"on {jax.default_backend()}",
+                   **{k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
+                      for k, v in dataclasses.asdict(scale).items()}},
+                  f, indent=1, default=str)
+    log(f"wrote {out} in {wall:.0f} s")
+    return out
+
+
+if __name__ == "__main__":
+    main()

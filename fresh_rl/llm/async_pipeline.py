@@ -1,0 +1,359 @@
+"""Asynchronous LLM RL simulator: staleness, partial rollouts and old-logit routes.
+
+Reproduces the missing-old-logit mechanism of arXiv 2605.12070 (papers/old_logits.md) on
+top of the synchronous trainer (:mod:`fresh_rl.llm.trainer`). One jitted iteration at learner
+version k:
+
+1. **lag**: the batch starts at version k − L, L drawn in [0, w] (``AsyncConfig.lag_kind``;
+   default ``"fixed"``: L = w, the maximum staleness — our choice, the paper's lag
+   distribution is not known), clipped to the versions the ring holds early in training.
+   The run's window w ≤ W is a state leaf (:func:`init_state`), so one compiled iteration
+   serves every w ≤ W (a sweep over windows compiles once per route).
+2. **collect** with the bf16 sampler from the ring of the last W + 1 versions
+   (:mod:`fresh_rl.lag.version_ring`), the inference engine. Without partial rollouts the
+   whole batch is sampled by version k − L. With ``partial_rollouts`` the engine receives a
+   new version every ``segment_tokens`` decoding steps (all in-flight rows switch together,
+   generation resumes by re-prefilling the transcript): decoding chunk g of an episode
+   (counted over its turns) uses version k − max(L − g, 0), so one trajectory spans
+   versions and its newest tokens may come from θ_k. Every action token carries its version
+   tag (``Episodes.token_extras["version"]``). Optional Gaussian logit noise
+   (``extra_mismatch_std``) adds a mismatch on top of bf16 vs fp32.
+3. **old log-probs** by the route of :mod:`fresh_rl.llm.old_logits`.
+4. **update**: the trainer's ``update`` with ``loss="decoupled"``: MIS/TIS on r_d, clip on r_s.
+5. **versions**: push θ_{k+1} into the ring; for the EWMA routes
+   θ_ref ← β θ_ref + (1 − β) θ_{k+1} once per version (β = w/(w + 1) unless set;
+   old_logits.md §4.2).
+
+With W = 0 the sampler always uses θ_k and every route but the proxies reduces to the
+synchronous trainer's decoupled loss.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fresh_rl.corrections import (EWMAConfig, EWMAReference, ewma_beta_from_staleness,
+                                  ewma_update, init_ewma_reference, version_lag_statistics)
+from fresh_rl.lag import version_ring
+from fresh_rl.lag.version_ring import VersionRing
+from fresh_rl.llm import old_logits as routes
+from fresh_rl.llm.model import Qwen2Config
+from fresh_rl.llm.rollout import Episodes, right_to_left_padded, run_episodes, write_span
+from fresh_rl.llm.sampler import generate, join_prompt_and_generation
+from fresh_rl.llm.trainer import (RLConfig, TrainState, batch_metrics, cached_build,
+                                  group_reset_keys, init_train_state, prepare_batch,
+                                  sampling_config, update)
+from fresh_rl.validation import require_choice, require_in_range, require_int
+
+LAG_KINDS = ("fixed", "uniform")
+
+
+@dataclasses.dataclass(frozen=True)
+class AsyncConfig:
+    """Static settings of the asynchronous simulator; bad values raise ``ValueError``.
+
+    Attributes:
+      staleness_window: W ≥ 0, the maximum version lag of a token; the ring holds W + 1
+        versions. A run uses the window w ≤ W given to :func:`init_state` (default W).
+      lag_kind: ``"fixed"`` (every batch starts w versions back; default, our choice) or
+        ``"uniform"`` (L uniform in [0, w] per batch).
+      partial_rollouts: trajectories span versions (see the module docstring).
+      segment_tokens: decoding steps per engine version with partial rollouts (our clock;
+        the paper's is wall time). Ignored without partial rollouts.
+      extra_mismatch_std: σ ≥ 0 of Gaussian noise on the sampler's logits (MoE-routing-like
+        extra mismatch; 0 = bf16 vs fp32 only).
+      old_logit_route: one of :data:`fresh_rl.llm.old_logits.ROUTES`.
+      ewma_beta: β ∈ [0, 1] of the EWMA routes; ``None`` = w/(w + 1), centre of mass w
+        (:func:`fresh_rl.corrections.ewma_beta_from_staleness`; the paper's rule is not known).
+      ewma_reset_threshold: τ ∈ (0, 1): ``ewma`` resets θ_ref ← θ when the active-token
+        fraction falls below it (0.9, the placeholder of old_logits.md §4.2; the paper's τ is
+        not known). ``ewma_no_reset`` ignores it.
+    """
+
+    staleness_window: int = 1
+    lag_kind: str = "fixed"
+    partial_rollouts: bool = False
+    segment_tokens: int = 8
+    extra_mismatch_std: float = 0.0
+    old_logit_route: str = "snapshot"
+    ewma_beta: Optional[float] = None
+    ewma_reset_threshold: float = 0.9
+
+    def __post_init__(self):
+        require_int("AsyncConfig.staleness_window", self.staleness_window, 0)
+        require_choice("AsyncConfig.lag_kind", self.lag_kind, LAG_KINDS)
+        require_int("AsyncConfig.segment_tokens", self.segment_tokens, 1)
+        require_in_range("AsyncConfig.extra_mismatch_std", self.extra_mismatch_std, 0.0,
+                         math.inf)
+        require_choice("AsyncConfig.old_logit_route", self.old_logit_route, routes.ROUTES)
+        if self.ewma_beta is not None:
+            require_in_range("AsyncConfig.ewma_beta", self.ewma_beta, 0.0, 1.0)
+        require_in_range("AsyncConfig.ewma_reset_threshold", self.ewma_reset_threshold, 0.0,
+                         1.0, low_inclusive=False, high_inclusive=False)
+
+    @property
+    def ring_size(self) -> int:
+        return self.staleness_window + 1
+
+    def beta(self, window: int) -> float:
+        """The EWMA β of a run with window ``window``."""
+        return ewma_beta_from_staleness(window) if self.ewma_beta is None else self.ewma_beta
+
+    @property
+    def ewma(self) -> EWMAConfig:
+        """EWMA settings at the full window W (a run with w < W uses ``beta(w)``)."""
+        reset = None if self.old_logit_route == "ewma_no_reset" else self.ewma_reset_threshold
+        return EWMAConfig(beta=self.beta(self.staleness_window), reset_active_fraction=reset)
+
+
+@flax.struct.dataclass
+class AsyncState:
+    """Learner state, the ring of the last W + 1 versions (the inference engine's weights and
+    the snapshots), the run's window w ≤ W and EWMA β (int32 / float32 scalars) and θ_ref of
+    the EWMA routes (``None`` for the others)."""
+
+    train: TrainState
+    ring: VersionRing
+    window: jax.Array
+    ewma_beta: jax.Array
+    ewma: Optional[EWMAReference] = None
+
+
+def init_state(config: RLConfig, async_config: AsyncConfig, params,
+               window: Optional[int] = None) -> AsyncState:
+    """Version 0 = ``params`` everywhere; window w (default W, must lie in [0, W]);
+    committed to the parameters' device."""
+    window = async_config.staleness_window if window is None else window
+    require_int("window", window, 0, async_config.staleness_window)
+    train = init_train_state(config, params)
+    ewma = (init_ewma_reference(train.params)
+            if async_config.old_logit_route in routes.EWMA_ROUTES else None)
+    state = AsyncState(train=train, ring=version_ring.init(train.params, async_config.ring_size),
+                       window=jnp.asarray(window, jnp.int32),
+                       ewma_beta=jnp.asarray(async_config.beta(window), jnp.float32), ewma=ewma)
+    leaf = jax.tree_util.tree_leaves(params)[0]
+    return jax.device_put(state, getattr(leaf, "sharding", None) or jax.devices()[0])
+
+
+def chunk_schedule(async_config: AsyncConfig, action_len: int) -> tuple[int, int]:
+    """``(chunk_tokens, chunks_per_turn)``: one chunk per turn without partial rollouts."""
+    if not async_config.partial_rollouts:
+        return action_len, 1
+    size = min(async_config.segment_tokens, action_len)
+    return size, -(-action_len // size)
+
+
+def versioned_policy(ring: VersionRing, start_lag, *, config: RLConfig,
+                     async_config: AsyncConfig, env, model_config: Qwen2Config,
+                     collect_segment_old_logprobs: bool):
+    """Sampler policy for :func:`~fresh_rl.llm.rollout.run_episodes` that reads the weights
+    from ``ring``: decoding chunk c of turn t uses lag max(L − (t·C + c), 0) with partial
+    rollouts, else L (``start_lag``).
+
+    Extras per action token: ``version`` (the tag), ``segment`` (1 + t·C + c) and, with
+    ``collect_segment_old_logprobs``, ``old_logprobs``: the fp32 log-probs of each finished
+    segment under its own version, from one forward over the in-flight prefix plus the
+    segment (the old-logit-model / interrupt routes).
+    """
+    sampling = dataclasses.replace(sampling_config(config, env),
+                                   logit_noise_std=async_config.extra_mismatch_std)
+    action_len = sampling.max_new_tokens
+    size, chunks = chunk_schedule(async_config, action_len)
+    chunk_sampling = dataclasses.replace(sampling, max_new_tokens=size)
+    stops = jnp.asarray(sampling.stop_tokens, jnp.int32)
+    write = jax.vmap(write_span)
+
+    def policy(key, tokens, lengths, states, turn):
+        del states
+        b = tokens.shape[0]
+        out = {"tokens": jnp.zeros((b, action_len), jnp.int32),
+               "logprobs": jnp.zeros((b, action_len), jnp.float32),
+               "version": jnp.zeros((b, action_len), jnp.int32),
+               "segment": jnp.zeros((b, action_len), jnp.int32)}
+        if collect_segment_old_logprobs:
+            out["old_logprobs"] = jnp.zeros((b, action_len), jnp.float32)
+
+        def chunk(carry, c):
+            out, generated, done = carry
+            segment = turn * chunks + c
+            lag = jnp.maximum(start_lag - segment, 0) if async_config.partial_rollouts \
+                else start_lag
+            params = version_ring.get(ring, lag)
+            prompt, prompt_mask = right_to_left_padded(
+                write(tokens, lengths, out["tokens"], generated), lengths + generated)
+            limit = jnp.where(done, 0, jnp.minimum(size, action_len - c * size))
+            gen = generate(params, model_config, chunk_sampling, prompt, prompt_mask,
+                           key if chunks == 1 else jax.random.fold_in(key, c),
+                           max_new_per_row=limit)
+            values = {"tokens": gen.tokens, "logprobs": gen.logprobs,
+                      "version": jnp.broadcast_to(version_ring.version_of(ring, lag),
+                                                  gen.tokens.shape),
+                      "segment": jnp.broadcast_to(segment + 1, gen.tokens.shape)}
+            if collect_segment_old_logprobs:
+                full, full_mask = join_prompt_and_generation(prompt, prompt_mask, gen)
+                logp = routes.fp32_logprobs(params, model_config, full, full_mask,
+                                            config.temperature)
+                values["old_logprobs"] = logp[:, prompt.shape[1]:]
+            out = {name: write(out[name], generated, values[name], gen.lengths)
+                   for name in out}
+            last = jnp.take_along_axis(gen.tokens, jnp.maximum(gen.lengths - 1, 0)[:, None],
+                                       axis=1)[:, 0]
+            generated = generated + gen.lengths
+            done = done | ((gen.lengths > 0) & jnp.isin(last, stops)) | (generated >= action_len)
+            return (out, generated, done), None
+
+        init = (out, jnp.zeros(b, jnp.int32), jnp.zeros(b, bool))
+        (out, generated, _), _ = jax.lax.scan(chunk, init, jnp.arange(chunks, dtype=jnp.int32))
+        extras = {name: value for name, value in out.items()
+                  if name not in ("tokens", "logprobs")}
+        return out["tokens"], generated, out["logprobs"], extras
+
+    return policy
+
+
+def collect(ring: VersionRing, start_lag, key, *, config: RLConfig, async_config: AsyncConfig,
+            env, model_config: Qwen2Config) -> Episodes:
+    """Grouped episodes from the stale / mixed versions of ``ring`` (keys as
+    :func:`fresh_rl.llm.trainer.collect`, so W = 0 samples the same episodes)."""
+    reset_keys = group_reset_keys(jax.random.fold_in(key, 1),
+                                  config.batch_size // config.group_size, config.group_size)
+    policy = versioned_policy(
+        ring, start_lag, config=config, async_config=async_config, env=env,
+        model_config=model_config,
+        collect_segment_old_logprobs=async_config.old_logit_route in routes.COLLECTION_ROUTES)
+    return run_episodes(env, policy, key, config.batch_size, reset_keys)
+
+
+def iteration(state: AsyncState, key, *, config: RLConfig, async_config: AsyncConfig, env,
+              model_config: Qwen2Config):
+    """lag → collect → old log-probs (route) → decoupled update → push version / EWMA.
+
+    Metrics: the trainer's (success_rate, active_token_fraction, clip_fraction on r_s, …) plus
+    ``abs_log_rd_mean`` (mean |log r_d| as the loss saw it, averaged over minibatches; for the
+    proxies the in-loss proxy), ``lag_mean`` / ``lag_max`` (version gap k − v of the action
+    tokens), ``start_lag``, ``old_logit_forwards`` (fp32 forward passes spent on old log-probs:
+    full-batch forwards at train time, one per segment at collection time, none for the
+    proxies), ``ewma_reset`` / ``ewma_reset_count``.
+    """
+    route = async_config.old_logit_route
+    k_collect, k_update = jax.random.split(key)
+    ring, train = state.ring, state.train
+    lag = state.window if async_config.lag_kind == "fixed" else jax.random.randint(
+        jax.random.fold_in(key, 2), (), 0, state.window + 1)
+    start_lag = version_ring.effective_lag(ring, lag)
+    episodes = collect(ring, start_lag, k_collect, config=config, async_config=async_config,
+                       env=env, model_config=model_config)
+    versions = episodes.token_extras["version"]
+    action_mask = episodes.action_mask & episodes.mask
+    behaviour = jnp.where(action_mask, episodes.behavior_logprobs, 0.0)
+    learner_version = ring.latest_version
+    args = dict(model_config=model_config, temperature=config.temperature)
+    old, alpha, ewma = None, None, state.ewma
+    reset = jnp.zeros((), bool)
+    if route == "recompute_current":
+        forwards = jnp.ones((), jnp.int32)  # prepare_batch's forward of θ_k
+    elif route == "snapshot":
+        old, forwards = routes.snapshot_logprobs(ring, episodes.tokens, episodes.mask, versions,
+                                                 action_mask, **args)
+    elif route in routes.COLLECTION_ROUTES:
+        old = episodes.token_extras["old_logprobs"]
+        segments = episodes.token_extras["segment"]
+        top = env.max_turns * chunk_schedule(async_config, env.action_len)[1]
+        forwards = jnp.sum(jax.vmap(lambda s: jnp.any(action_mask & (segments == s)))(
+            jnp.arange(1, top + 1)).astype(jnp.int32))
+    elif route in routes.PROXY_ROUTES:
+        old = behaviour  # placeholder: the loss builds the proxy per minibatch
+        alpha = routes.proxy_alpha(versions, action_mask, learner_version)
+        forwards = jnp.zeros((), jnp.int32)
+    else:
+        old, ewma, reset, forwards = routes.ewma_logprobs(
+            ewma, train.params, episodes.tokens, episodes.mask, behaviour, action_mask,
+            mis=config.mis, ewma=async_config.ewma, **args)
+    batch = prepare_batch(train.params, episodes, config=config, model_config=model_config,
+                          old_logprobs=old, proxy_alpha=alpha)
+    train, metrics = update(train, batch, k_update, config=config, model_config=model_config,
+                            proximal=routes.PROXY_ROUTES.get(route))
+    ring = version_ring.push(ring, train.params)
+    if ewma is not None:
+        ewma = ewma_update(ewma, train.params, async_config.ewma, beta=state.ewma_beta)
+    metrics = {**metrics, **batch_metrics(episodes, batch, config),
+               "abs_log_rd_mean": metrics["train_infer/log_ratio_abs_mean"],
+               **version_lag_statistics(versions, learner_version, action_mask),
+               "start_lag": start_lag.astype(jnp.float32),
+               "old_logit_forwards": forwards.astype(jnp.float32),
+               "ewma_reset": reset.astype(jnp.float32),
+               "ewma_reset_count": (ewma.reset_count if ewma is not None
+                                    else jnp.zeros((), jnp.int32)).astype(jnp.float32)}
+    return state.replace(train=train, ring=ring, ewma=ewma), metrics
+
+
+def make_iteration(config: RLConfig, async_config: AsyncConfig, env, model_config: Qwen2Config,
+                   num_seeds: Optional[int] = None):
+    """Jitted ``(state, key) -> (state, metrics)``; with ``num_seeds`` vmapped over a leading
+    seed axis of state and key. Cached like :func:`fresh_rl.llm.trainer.make_iteration`."""
+    if config.loss != "decoupled":
+        raise ValueError(f"RLConfig.loss must be 'decoupled' for the async pipeline (the "
+                         f"routes supply its old log-probs), got {config.loss!r}")
+
+    def build():
+        fn = lambda state, key: iteration(state, key, config=config,  # noqa: E731
+                                          async_config=async_config, env=env,
+                                          model_config=model_config)
+        return jax.jit(fn if num_seeds is None else jax.vmap(fn))
+
+    return cached_build(("async", config, async_config, env, model_config, num_seeds), build)
+
+
+def train_loop(config: RLConfig, async_config: AsyncConfig, key, num_iterations: int, *,
+               params, env, model_config: Qwen2Config, num_seeds: Optional[int] = None,
+               window: Optional[int] = None, state: Optional[AsyncState] = None, log=None):
+    """Runs ``num_iterations`` iterations from ``params`` with window ``window`` (default W;
+    see :func:`init_state`), or from ``state``.
+
+    Iteration i uses ``fold_in(key, i)`` (as :func:`fresh_rl.llm.trainer.train_loop`). With
+    ``num_seeds`` = S, seed s uses ``split(key, S)[s]`` in place of ``key``, all seeds start
+    from ``params`` and run vmapped; ``history[name]`` is then ``[S, num_iterations]``
+    (else ``[num_iterations]``); ``wall_seconds`` is the wall time of each iteration (the
+    first includes compilation). ``log(i, metrics)`` is called after each iteration.
+    """
+    require_int("num_iterations", num_iterations, 1)
+    step_fn = make_iteration(config, async_config, env, model_config, num_seeds)
+    if state is None:
+        state = init_state(config, async_config, params, window)
+        if num_seeds is not None:
+            state = jax.tree_util.tree_map(lambda x: jnp.stack([x] * num_seeds), state)
+    keys = key if num_seeds is None else jax.random.split(key, num_seeds)
+    fold = jax.random.fold_in if num_seeds is None else jax.vmap(jax.random.fold_in,
+                                                                 in_axes=(0, None))
+    rows = []
+    for i in range(num_iterations):
+        start = time.perf_counter()
+        state, metrics = step_fn(state, fold(keys, i))
+        metrics = {k: np.asarray(v, np.float64) for k, v in jax.device_get(metrics).items()}
+        metrics["wall_seconds"] = np.full(np.shape(metrics["loss"]), time.perf_counter() - start)
+        rows.append(metrics)
+        if log is not None:
+            log(i, metrics)
+    history = {k: np.stack([row[k] for row in rows], axis=-1) for k in rows[0]}
+    return state, history
+
+
+def route_costs(async_config: AsyncConfig, params: Any,
+                window: Optional[int] = None) -> dict[str, float]:
+    """Static memory cost of the route at window w (default W): extra parameter copies and
+    their fp32 bytes (:func:`fresh_rl.llm.old_logits.route_param_copies`)."""
+    window = async_config.staleness_window if window is None else window
+    copies = routes.route_param_copies(async_config.old_logit_route, window)
+    return {"extra_param_copies": copies,
+            "extra_param_bytes": copies * routes.param_bytes(params)}
+
+
+__all__ = ["AsyncConfig", "AsyncState", "LAG_KINDS", "chunk_schedule", "collect", "init_state",
+           "iteration", "make_iteration", "route_costs", "train_loop", "versioned_policy"]

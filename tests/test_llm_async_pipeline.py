@@ -1,0 +1,255 @@
+"""Asynchronous LLM RL simulator and old-logit routes (arXiv 2605.12070): config errors, the
+missing-old-logit mechanism on a controlled version ring, exactness of the exact routes,
+per-token version tags of partial rollouts, EWMA β = 0 ≡ recompute-with-current, W = 0 ≡
+the synchronous trainer, and the ci-scale experiment (reward improves over the warm start)."""
+import csv
+import dataclasses
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fresh_rl.lag import version_ring
+from fresh_rl.llm import async_pipeline as ap
+from fresh_rl.llm import old_logits as routes
+from fresh_rl.llm.model import preset
+from fresh_rl.llm.tasks import ArithmeticTask
+from fresh_rl.llm.trainer import RLConfig
+from fresh_rl.llm.trainer import train_loop as sync_train_loop
+from fresh_rl.llm.warm_start import restore_params
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL = preset("tiny")
+ENV = ArithmeticTask(digits=1, steps=2)  # the warm start's arithmetic setting
+CONFIG = RLConfig(estimator="grpo", num_groups=2, group_size=4, learning_rate=3e-3,
+                  loss="decoupled")
+SEGMENT = 8
+RING = 9  # versions 0..8: lags up to W = 8
+
+
+@pytest.fixture(scope="module")
+def params():
+    return restore_params(os.path.join(ROOT, "results", "llm_warm_start", "checkpoint"), MODEL)
+
+
+# --------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(staleness_window=-1), "AsyncConfig.staleness_window"),
+    (dict(staleness_window=1.5), "AsyncConfig.staleness_window"),
+    (dict(old_logit_route="current"), "AsyncConfig.old_logit_route"),
+    (dict(ewma_reset_threshold=0.0), r"AsyncConfig.ewma_reset_threshold must be in \(0"),
+    (dict(ewma_reset_threshold=1.0), "AsyncConfig.ewma_reset_threshold"),
+    (dict(ewma_reset_threshold=1.5), "AsyncConfig.ewma_reset_threshold"),
+    (dict(ewma_beta=1.1), "AsyncConfig.ewma_beta"),
+    (dict(segment_tokens=0), "AsyncConfig.segment_tokens"),
+    (dict(extra_mismatch_std=-0.1), "AsyncConfig.extra_mismatch_std"),
+    (dict(lag_kind="geometric"), "AsyncConfig.lag_kind"),
+])
+def test_bad_config_names_the_field_and_range(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        ap.AsyncConfig(**kwargs)
+
+
+def test_config_defaults_and_loss_check():
+    config = ap.AsyncConfig(staleness_window=4, old_logit_route="ewma")
+    assert config.ring_size == 5 and config.ewma.beta == pytest.approx(0.8)
+    assert config.ewma.reset_active_fraction == 0.9
+    assert ap.AsyncConfig(old_logit_route="ewma_no_reset").ewma.reset_active_fraction is None
+    assert ap.AsyncConfig(staleness_window=0).ewma.beta == 0.0
+    with pytest.raises(ValueError, match="RLConfig.loss must be 'decoupled'"):
+        ap.make_iteration(RLConfig(), ap.AsyncConfig(), ENV, MODEL)
+    assert ap.chunk_schedule(ap.AsyncConfig(partial_rollouts=True, segment_tokens=8), 26) == (8, 4)
+    assert ap.chunk_schedule(ap.AsyncConfig(segment_tokens=8), 26) == (26, 1)
+
+
+def test_route_costs(params):
+    one = routes.param_bytes(params)
+    assert one == 4 * sum(x.size for x in jax.tree_util.tree_leaves(params))
+    copies = {r: ap.route_costs(ap.AsyncConfig(staleness_window=4, old_logit_route=r),
+                                params)["extra_param_copies"] for r in routes.ROUTES}
+    assert copies == {"recompute_current": 0, "snapshot": 5, "old_logit_model": 1,
+                      "interrupt": 0, "linear_proxy": 0, "loglinear_proxy": 0, "ewma": 1,
+                      "ewma_no_reset": 1}
+    snapshot = ap.AsyncConfig(staleness_window=8, old_logit_route="snapshot")
+    assert ap.route_costs(snapshot, params, window=2)["extra_param_bytes"] == 3 * one
+
+
+def test_init_state_window(params):
+    config = ap.AsyncConfig(staleness_window=4, old_logit_route="ewma")
+    state = ap.init_state(CONFIG, config, params, window=2)
+    assert int(state.window) == 2 and float(state.ewma_beta) == pytest.approx(2 / 3)
+    assert state.ring.capacity == 5
+    with pytest.raises(ValueError, match=r"window must be in \[0, 4\]"):
+        ap.init_state(CONFIG, config, params, window=5)
+
+
+# --------------------------------------------------------------------------- mechanism
+
+
+@pytest.fixture(scope="module")
+def drift_ring(params):
+    """Ring of 9 versions θ_j = θ_0 + j·δ (δ a fixed random direction, ~1% of each leaf's
+    scale): a controlled stand-in for 8 learner updates."""
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    keys = jax.random.split(jax.random.PRNGKey(0), len(leaves))
+    delta = jax.tree_util.tree_unflatten(treedef, [
+        0.01 * jnp.std(x) * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+    ring = version_ring.init(params, RING)
+    for j in range(1, RING):
+        ring = version_ring.push(ring, jax.tree_util.tree_map(lambda p, d: p + j * d, params,
+                                                              delta))
+    return ring
+
+
+@pytest.fixture(scope="module")
+def probe(drift_ring):
+    """For W in {0, 1, 2, 4, 8}: partial-rollout episodes whose first segment is W versions
+    old, with the old log-probs of recompute-with-current, snapshot and the collection-time
+    (old-logit-model / interrupt) route."""
+    config = dataclasses.replace(CONFIG, num_groups=4, group_size=4)
+    async_config = ap.AsyncConfig(staleness_window=RING - 1, partial_rollouts=True,
+                                  segment_tokens=SEGMENT, old_logit_route="interrupt")
+
+    @jax.jit
+    def run(start_lag, key):
+        episodes = ap.collect(drift_ring, start_lag, key, config=config,
+                              async_config=async_config, env=ENV, model_config=MODEL)
+        action_mask = episodes.action_mask & episodes.mask
+        versions = episodes.token_extras["version"]
+        snapshot, forwards = routes.snapshot_logprobs(
+            drift_ring, episodes.tokens, episodes.mask, versions, action_mask,
+            model_config=MODEL, temperature=config.temperature)
+        current = routes.fp32_logprobs(version_ring.get(drift_ring, 0), MODEL, episodes.tokens,
+                                       episodes.mask, config.temperature)
+        return episodes, action_mask, snapshot, current, forwards
+
+    return {w: jax.device_get(run(jnp.int32(w), jax.random.PRNGKey(w))) for w in (0, 1, 2, 4, 8)}
+
+
+def _abs_log_rd(old, episodes, action_mask):
+    return float(np.abs(old - episodes.behavior_logprobs)[action_mask].mean())
+
+
+def test_rd_grows_with_staleness_under_recompute_but_not_under_snapshot(probe):
+    recompute = [_abs_log_rd(p[3], p[0], p[1]) for p in probe.values()]
+    snapshot = [_abs_log_rd(p[2], p[0], p[1]) for p in probe.values()]
+    bf16_level = snapshot[0]  # W = 0: the pure bf16-sampler vs fp32-trainer discrepancy
+    assert 1e-4 < bf16_level < 0.03
+    # recompute-with-current: staleness leaks into r_d, growing with W
+    assert np.all(np.diff(recompute) > 0), recompute
+    assert recompute[-1] > 5 * max(snapshot), (recompute, snapshot)
+    # snapshot: r_d stays at the bf16 level whatever W
+    assert max(snapshot) < 2 * bf16_level, snapshot
+    assert recompute[0] == pytest.approx(snapshot[0], rel=1e-4)  # W = 0: same version
+
+
+def test_exact_routes_agree(probe):
+    for w, (episodes, action_mask, snapshot, _, forwards) in probe.items():
+        collected = episodes.token_extras["old_logprobs"]
+        np.testing.assert_allclose(np.where(action_mask, collected, 0.0),
+                                   np.where(action_mask, snapshot, 0.0), atol=2e-5, rtol=0,
+                                   err_msg=f"W={w}")
+        assert int(forwards) == len(np.unique(episodes.token_extras["version"][action_mask]))
+
+
+def test_partial_rollout_tokens_carry_their_versions(probe):
+    latest = RING - 1
+    for w, (episodes, action_mask, *_rest) in probe.items():
+        index = np.cumsum(action_mask, axis=1) - 1  # position inside the (single-turn) action
+        chunk = index // SEGMENT
+        expected = latest - np.maximum(w - chunk, 0)
+        versions = episodes.token_extras["version"]
+        np.testing.assert_array_equal(versions[action_mask], expected[action_mask])
+        np.testing.assert_array_equal(episodes.token_extras["segment"][action_mask],
+                                      (chunk + 1)[action_mask])
+        assert (versions[~action_mask] == 0).all()
+        if w >= 1:  # a trajectory that ran past the first segment spans two versions
+            long_rows = action_mask.sum(axis=1) > SEGMENT
+            assert long_rows.any()
+            row = np.argmax(long_rows)
+            assert len(np.unique(versions[row][action_mask[row]])) >= 2
+
+
+# --------------------------------------------------------------------------- equivalences
+
+
+ITERATIONS = 2
+# One compiled EWMA iteration serves both equivalences (the window is a state leaf).
+EWMA_BETA0 = ap.AsyncConfig(staleness_window=2, old_logit_route="ewma", ewma_beta=0.0)
+
+
+def _run(async_config, params, window=None):
+    return ap.train_loop(CONFIG, async_config, jax.random.PRNGKey(5), ITERATIONS, params=params,
+                         env=ENV, model_config=MODEL, window=window)
+
+
+def _assert_same_run(run_a, run_b, keys, atol=1e-6):
+    (state_a, hist_a), (state_b, hist_b) = run_a, run_b
+    for key in keys:
+        np.testing.assert_allclose(hist_a[key], hist_b[key], atol=atol, rtol=1e-5, err_msg=key)
+    for a, b in zip(jax.tree_util.tree_leaves(state_a.params if hasattr(state_a, "params")
+                                              else state_a.train.params),
+                    jax.tree_util.tree_leaves(state_b.params if hasattr(state_b, "params")
+                                              else state_b.train.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=atol, rtol=1e-5)
+
+
+COMPARED = ("success_rate", "loss", "active_token_fraction", "abs_log_rd_mean", "clip_fraction",
+            "grad_norm")
+
+
+def test_ewma_beta_zero_equals_recompute_current(params):
+    recompute = _run(ap.AsyncConfig(staleness_window=2, old_logit_route="recompute_current"),
+                     params)
+    ewma = _run(EWMA_BETA0, params)
+    _assert_same_run(recompute, ewma, COMPARED + ("lag_mean",))
+    # staleness is real here: the learner is ahead of the sampler and r_d shows it
+    assert recompute[1]["lag_mean"][-1] == 1.0  # iteration 1: only versions 0, 1 exist
+    assert recompute[1]["abs_log_rd_mean"][-1] > 0.02
+    # θ_ref followed θ exactly
+    for a, b in zip(jax.tree_util.tree_leaves(ewma[0].ewma.params),
+                    jax.tree_util.tree_leaves(ewma[0].train.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_ewma_with_zero_staleness_equals_synchronous_trainer(params):
+    # W = 0: the default β = W/(W + 1) is 0 too (EWMA_BETA0 only fixes it for W = 2 above)
+    assert ap.AsyncConfig(staleness_window=0, old_logit_route="ewma").beta(0) == 0.0
+    ewma = _run(EWMA_BETA0, params, window=0)
+    sync = sync_train_loop(CONFIG, jax.random.PRNGKey(5), ITERATIONS, params=params, env=ENV,
+                           model_config=MODEL)
+    _assert_same_run(ewma, sync, COMPARED)
+    assert np.all(ewma[1]["lag_mean"] == 0.0)
+    assert np.all(ewma[1]["abs_log_rd_mean"] < 0.03)  # only the bf16 discrepancy
+
+
+# --------------------------------------------------------------------------- ci experiment
+
+
+@pytest.fixture(scope="module")
+def ci_run(tmp_path_factory):
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    import old_logits as experiment
+    return experiment.main(["--scale", "ci", "--out", str(tmp_path_factory.mktemp("ci"))])
+
+
+def _read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_ci_experiment_writes_results(ci_run):
+    for name in ("curves.csv", "summary.csv", "eval.csv", "config.json", "success_vs_step.png",
+                 "mechanism.png", "runs/snapshot_W1_seed0.csv"):
+        assert os.path.exists(os.path.join(ci_run, name)), name
+    (summary,) = _read_csv(os.path.join(ci_run, "summary.csv"))
+    assert summary["route"] == "snapshot" and summary["window"] == "1"
+    # exact old logits: r_d is the bf16 discrepancy, the MIS mask keeps almost every token
+    assert float(summary["abs_log_rd"]) < 0.03
+    assert float(summary["active_fraction"]) > 0.97
+    assert float(summary["lag_mean"]) > 0.5  # the data really was stale
