@@ -17,6 +17,8 @@ already finished are resumed from their saved runs where the script supports it.
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import subprocess
 import sys
 import time
@@ -53,8 +55,12 @@ def main(argv=None):
         subprocess.run(full, cwd=ROOT, check=True)
         rows.append((name, title, " ".join(["python", *command, "--out", f"results/quickstart/{name}"]),
                      time.perf_counter() - start))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()}"
     lines = ["# Quickstart: the three papers' headline comparisons at small scale", "",
-             "Made by `python experiments/quickstart.py`. Each part's folder holds its figures, CSVs and "
+             f"Made by `python experiments/quickstart.py` at commit {commit} on {machine}; "
+             f"total wall time {sum(r[3] for r in rows):.0f} s. Each part's folder holds its figures, CSVs and "
              "summary; the committed full-scale results are in results/freshper, results/vaco and "
              "results/old_logits.", "",
              "| part | what | command | wall time |", "|---|---|---|---|"]
