@@ -48,7 +48,6 @@ Writes ``results/bench/control.csv`` and ``results/bench/control.md``. Run pinne
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import os
 import platform
@@ -64,6 +63,7 @@ import jax.numpy as jnp
 from brax.training.agents.ppo import networks as brax_ppo_networks
 from brax.training.agents.ppo import train as brax_ppo
 
+from _report import git_commit, write_csv
 from fresh_rl.control import BraxVecEnv, TrainConfig, train
 from fresh_rl.lag import DelayConfig
 
@@ -202,37 +202,15 @@ def main():
     write_tables(records, args, time.perf_counter() - wall0)
 
 
-def _commit() -> str:
-    """HEAD's commit read from .git (no git process; the working tree may hold uncommitted edits)."""
-    try:
-        head = (ROOT / ".git" / "HEAD").read_text().strip()
-        if not head.startswith("ref: "):
-            return head[:10]
-        ref = head[5:]
-        path = ROOT / ".git" / ref
-        if path.exists():
-            return path.read_text().strip()[:10]
-        for line in (ROOT / ".git" / "packed-refs").read_text().splitlines():
-            if line.endswith(" " + ref):
-                return line.split()[0][:10]
-    except OSError:
-        pass
-    return "unknown"
-
-
 def write_tables(records, args, wall):
-    args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "control.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(records[0]))
-        writer.writeheader()
-        writer.writerows(records)
+    write_csv(args.out / "control.csv", records)
 
     cpus = sorted(os.sched_getaffinity(0))
     lines = [
         "# Control training throughput: fresh_rl trainer vs Brax PPO",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, this process pinned to CPU(s) {cpus} "
-        f"(`taskset`); jax {jax.__version__}, brax {brax.__version__}; commit {_commit()} "
+        f"(`taskset`); jax {jax.__version__}, brax {brax.__version__}; commit {git_commit()} "
         f"(plus the working tree at run time); wall time {wall / 60:.1f} min; load average at start "
         f"{LOAD_AT_START} (the machine is shared with other jobs).",
         f"Command: `taskset -c {','.join(map(str, cpus))} python benchmarks/control_bench.py "

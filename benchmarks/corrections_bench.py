@@ -13,11 +13,9 @@ the median of the per-repeat ratios is reported next to the ratio of medians.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -26,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import rlax
 
+from _report import git_commit, write_csv
 from fresh_rl.corrections import VTraceConfig, vtrace
 
 SHAPES = ((256, 128), (4096, 32))
@@ -120,13 +119,9 @@ def main() -> None:
         ))
         print({k: (round(v, 4) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "corrections.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(args.out / "corrections.csv", rows)
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, jax {jax.__version__} on {jax.default_backend()}"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = git_commit()
     lines = [
         "# V-trace: fresh_rl.corrections.vtrace vs jax.vmap(rlax.vtrace_td_error_and_advantage)",
         "",

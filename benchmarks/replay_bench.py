@@ -24,11 +24,9 @@ Writes ``results/bench/replay.csv`` and ``results/bench/replay.md``.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -36,6 +34,7 @@ import flashbax as fbx
 import jax
 import jax.numpy as jnp
 
+from _report import git_commit, write_csv
 from fresh_rl.replay import ReplayConfig, make_trajectory_buffer, segment_tree
 
 TOKENS = 16
@@ -236,11 +235,7 @@ def main():
 
 
 def write_tables(records, args, wall):
-    args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "replay.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(records[0]))
-        writer.writeheader()
-        writer.writerows(records)
+    write_csv(args.out / "replay.csv", records)
 
     def get(impl, c, b, op, field="scan_us"):
         for r in records:
@@ -248,11 +243,7 @@ def write_tables(records, args, wall):
                 return r[field]
         return float("nan")
 
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        commit = "unknown"
+    commit = git_commit()
     lines = [
         "# Replay buffer throughput: fresh_rl vs flashbax",
         "",

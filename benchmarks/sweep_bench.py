@@ -13,16 +13,15 @@ and env steps into fewer, larger ones (no extra cores to spread over), so it is 
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
 import jax
 
+from _report import git_commit, write_csv
 from fresh_rl.control.train import TrainConfig, train
 
 CONFIG = TrainConfig(env_name="CartPole-v1", num_envs=8, rollout_length=32, total_env_steps=8 * 32 * 20,
@@ -64,13 +63,9 @@ def main(argv=None):
                      "env_steps_per_s_vmapped": n * CONFIG.num_iterations * CONFIG.batch_size / vmapped})
         print(rows[-1])
 
-    OUT.mkdir(parents=True, exist_ok=True)
-    with open(OUT / "sweep.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(OUT / "sweep.csv", rows)
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, jax {jax.__version__} on {jax.default_backend()}"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = git_commit()
     lines = [
         "# Sweep benchmark: vmapped seeds vs sequential runs", "",
         f"Command: `python benchmarks/sweep_bench.py --repeats {args.repeats}`; commit {commit}; {machine}.",
