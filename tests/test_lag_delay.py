@@ -145,3 +145,14 @@ def test_actor_group_ids():
         actor_group_ids(6, 0)
     with pytest.raises(ValueError, match=r"num_actors must be in \[3, inf\]"):
         actor_group_ids(2, 3)
+
+
+def test_traced_fixed_lag_equals_static_config_and_is_clipped():
+    key = jax.random.PRNGKey(0)
+    config = DelayConfig.fixed(0, 5)
+    swept = jax.jit(jax.vmap(lambda k: sample_lags(key, config, 3, 4, fixed_lag=k)))(jnp.array([0, 2, 3, 7, -1]))
+    for row, k in zip(np.asarray(swept), (0, 2, 3, 7, -1)):
+        static = sample_lags(key, DelayConfig.fixed(min(max(k, 0), 4), 5), 3, 4)
+        np.testing.assert_array_equal(row, np.asarray(static))  # 7 → K − 1 = 4 → available − 1 = 3
+    with pytest.raises(ValueError, match="fixed_lag"):
+        sample_lags(key, DelayConfig.uniform(0, 2, 3), 2, fixed_lag=1)

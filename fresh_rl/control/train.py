@@ -27,8 +27,8 @@ One iteration (= one batch = one policy version)::
     loss is ``impala_policy_gradient_loss`` + value regression onto the fresh targets.
 **Value targets**: λ-returns (GAE) or V-trace targets v_t, frozen per batch (except IMPALA);
 value loss ½·mean (V_θ(s) − target)², no value clipping (our choice).
-**Advantage normalisation** per minibatch (mean 0, std 1) for every method when
-``advantage_normalization`` (our choice; VACO's is unknown, vaco.md §3.1 step 7):
+**Advantage normalisation** per minibatch, set by ``advantage_normalization`` (our choice;
+VACO's is unknown, vaco.md §3.1 step 7):
 ``"standardize"`` (Â − mean)/std, ``"scale"`` Â/std (no centring) or ``"none"``. **Centring is
 biased when the ratio's reference is not the behaviour policy.** Subtracting a constant c adds
 ``c·mean(r)`` to the loss; with PPO's r = π_θ/β, E_β[r] = 1 for every θ, so the shift has no
@@ -332,12 +332,8 @@ def _rollout(config: TrainConfig, state: TrainState, key, sweep: SweepParams) ->
     venv = config.vec_env
     key_lag, key_steps = jax.random.split(key)
     G = config.num_actor_groups
-    available = version_ring.available_versions(state.ring)
-    if sweep.lag is None:
-        lags = sample_lags(key_lag, config.delay, G, available)
-    else:
-        top = jnp.clip(available, 1, config.delay.ring_size) - 1
-        lags = jnp.full((G,), jnp.clip(jnp.asarray(sweep.lag, jnp.int32), 0, top), jnp.int32)
+    lags = sample_lags(key_lag, config.delay, G, version_ring.available_versions(state.ring),
+                       fixed_lag=sweep.lag)
     group_params, group_versions = version_ring.gather(state.ring, lags)
     env_versions = group_versions[actor_group_ids(config.num_envs, G)]
 

@@ -113,8 +113,13 @@ def sample_lags(
     config: DelayConfig,
     num_groups: int,
     available_versions: Union[int, chex.Array, None] = None,
+    fixed_lag: Union[int, chex.Array, None] = None,
 ) -> jax.Array:
     """``[num_groups]`` int32 lags, i.i.d. from ``config``, clipped to ``available − 1``.
+
+    ``fixed_lag`` (``kind="fixed"`` only; may be traced, e.g. one value per point of a vmapped
+    sweep) replaces ``config.lag``; it is clipped to ``[0, K − 1]`` since a traced value cannot
+    be validated here.
 
     ``available_versions`` (e.g. ``version_ring.available_versions(ring)``, may be traced) is
     the number of versions the ring holds; ``None`` means K. ``config`` and ``num_groups`` are
@@ -123,8 +128,12 @@ def sample_lags(
     """
     require_int("num_groups", num_groups, 1, math.inf)
     shape = (num_groups,)
+    if fixed_lag is not None and config.kind != "fixed":
+        raise ValueError(f"fixed_lag needs delay kind 'fixed', got {config.kind!r}")
     if config.kind == "fixed":
-        lags = jnp.full(shape, config.lag, jnp.int32)
+        lag = config.lag if fixed_lag is None else jnp.clip(
+            jnp.asarray(fixed_lag, jnp.int32), 0, config.ring_size - 1)
+        lags = jnp.full(shape, lag, jnp.int32)
     elif config.kind == "uniform":
         lags = jax.random.randint(key, shape, config.min_lag, config.max_lag + 1, jnp.int32)
     else:
