@@ -207,7 +207,7 @@ def run_all(scale: Scale, out_dir: Path, seed: int, fresh: bool, log=print) -> d
             tmp.replace(path)  # atomic: an interrupted write never leaves a half file
             log(f"{task.name} {variant}: compile {res['compile_s']:.0f}s run {res['run_s']:.0f}s "
                 f"({res['env_steps'] / res['run_s']:.0f} env steps/s over all runs); final return by lag "
-                f"{np.round(final_score(res['metrics']['episode_return'])[:, list(deltas).index(PAPER_DELTA) if PAPER_DELTA in deltas else 0].mean(-1), 1).tolist()}")
+                f"{np.round(final_score(data['episode_return'])[:, _delta_index(data)].mean(-1), 1).tolist()}")
             results[(task.name, variant)] = data
     return results
 

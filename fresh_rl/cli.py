@@ -193,7 +193,7 @@ def _parse_grid(items: Sequence[str]) -> dict[str, list]:
 def cmd_sweep(args) -> None:
     import jax.numpy as jnp
 
-    from fresh_rl.control.train import SweepParams, train
+    from fresh_rl.control.train import SweepParams, TrainConfig, train
     from fresh_rl.lag import DelayConfig
     from fresh_rl.sweep import product_grid, run_sharded, to_host
 
@@ -201,7 +201,7 @@ def cmd_sweep(args) -> None:
     extra = {}
     if "lag" in grid_values:
         extra["delay"] = DelayConfig.fixed(0, max(grid_values["lag"]) + 1)
-    config = build_config(__import__("fresh_rl.control", fromlist=["TrainConfig"]).TrainConfig, args, **extra)
+    config = build_config(TrainConfig, args, **extra)
     grid = product_grid(args.seeds, seed=args.seed, **grid_values)
     sweep = SweepParams(
         lag=jnp.asarray(grid.values["lag"], jnp.int32) if "lag" in grid.values else None,
@@ -223,15 +223,6 @@ def _run_script(name: str, argv: Sequence[str]) -> None:
                          "(experiments live in the source checkout, next to the package)")
     sys.argv = [str(path), *argv]
     runpy.run_path(str(path), run_name="__main__")
-
-
-def cmd_experiment(args, rest) -> None:
-    _run_script(args.name, rest)
-
-
-def cmd_figures(args, rest) -> None:
-    # Every experiment script resumes from its saved runs, so re-running it only redraws.
-    _run_script(args.name, rest)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -270,7 +261,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Any:
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command in ("experiment", "figures"):
-        return {"experiment": cmd_experiment, "figures": cmd_figures}[args.command](args, rest)
+        # Every experiment script resumes from its saved runs, so `figures` (the same call)
+        # only redraws what `experiment` computed.
+        return _run_script(args.name, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:

@@ -123,13 +123,16 @@ def run_resumable(
     require_int("every", every, 1)
     key_init, key_loop = jax.random.split(key)
     keys = jax.random.split(key_loop, num_steps)
-    state = init(key_init)
-    metric_shapes = jax.eval_shape(step, state, keys[0])[1]
-    metrics = jax.tree.map(lambda s: np.zeros((num_steps,) + s.shape, s.dtype), metric_shapes)
-    done = 0
-    abstract = jax.eval_shape(lambda: {"state": state, "metrics": metrics, "step": np.int64(0)})
-    restored = checkpointer.restore_latest(abstract)
-    if restored is not None:
+    abstract_state = jax.eval_shape(init, key_init)
+    metric_shapes = jax.eval_shape(step, abstract_state, keys[0])[1]
+    abstract_metrics = jax.tree.map(lambda s: jax.ShapeDtypeStruct((num_steps,) + s.shape, s.dtype),
+                                    metric_shapes)
+    restored = checkpointer.restore_latest(
+        {"state": abstract_state, "metrics": abstract_metrics, "step": jax.ShapeDtypeStruct((), np.int64)})
+    if restored is None:
+        done, state = 0, init(key_init)
+        metrics = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), abstract_metrics)
+    else:
         done, tree = restored
         state, metrics = tree["state"], jax.tree.map(np.array, tree["metrics"])
     chunk = jax.jit(lambda s, ks: jax.lax.scan(step, s, ks))
