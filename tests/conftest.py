@@ -1,5 +1,9 @@
-"""Shared pytest configuration: hypothesis profiles sized for a 2-core CPU."""
+"""Shared pytest configuration: hypothesis profiles sized for a 2-core CPU, and one persistent
+XLA compilation cache per test session."""
+import atexit
 import os
+import shutil
+import tempfile
 
 from hypothesis import HealthCheck, settings
 
@@ -15,3 +19,20 @@ settings.register_profile(
     "thorough", max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# Compilation dominates the suite. The tests start subprocesses (CLI, SIGKILL resume, the
+# 8-device sweep) and notebook kernels, which inherit this environment: with a shared
+# persistent cache a program one process compiled is loaded, not recompiled, by the next
+# (e.g. the FreshPER notebook reuses the ci experiment's programs). A fresh folder per session
+# unless JAX_COMPILATION_CACHE_DIR is already set (then that folder is used and kept).
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="fresh_rl_xla_cache_")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
+
+import jax  # noqa: E402  (after the environment: the options are read at import)
+
+jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                  float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))

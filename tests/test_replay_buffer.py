@@ -426,3 +426,48 @@ def test_magnitude_priority_rejects_bad_arguments():
         magnitude_priority(jnp.ones(3), eps=0.0)
     with pytest.raises(ValueError, match="reduction must be"):
         magnitude_priority(jnp.ones((2, 3)), reduction="median")
+
+
+# ---------------------------------------------------------------------------------------------
+# Online τ (set_age_decay_tau)
+
+
+@given(st.floats(0.5, 200.0), st.lists(st.floats(0.0, 5.0), min_size=8, max_size=8))
+def test_set_age_decay_tau_equals_a_buffer_built_with_that_tau(tau, priorities):
+    def fill(buffer):
+        state = buffer.init(example_item())
+        for v in range(4):
+            state = buffer.add(state, make_batch(2, float(v)), 3 * v)
+        return buffer.set_priorities(state, jnp.arange(8), jnp.asarray(priorities))
+
+    if not any(priorities):
+        priorities[0] = 1.0
+    start = make_trajectory_buffer(ReplayConfig(capacity=8, sample_batch_size=2,
+                                                age_decay_tau=7.0))
+    target = make_trajectory_buffer(ReplayConfig(capacity=8, sample_batch_size=2,
+                                                 age_decay_tau=tau))
+    switched = jax.jit(start.set_age_decay_tau)(fill(start), tau)  # traced τ
+    reference = EagerReference(target.config)
+    reference.add(8, 0)
+    reference.version[:] = np.repeat(3 * np.arange(4), 2)
+    reference.set_priorities(range(8), priorities)
+    np.testing.assert_allclose(start.sampling_probabilities(switched),
+                               reference.probabilities(now=9), rtol=2e-5, atol=1e-7)
+    np.testing.assert_allclose(start.sampling_probabilities(switched),
+                               target.sampling_probabilities(fill(target)), rtol=2e-5,
+                               atol=1e-7)
+    # τ = ∞ turns the decay off: standard PER
+    per = make_trajectory_buffer(ReplayConfig(capacity=8, sample_batch_size=2, sampling="per"))
+    np.testing.assert_allclose(
+        start.sampling_probabilities(start.set_age_decay_tau(fill(start), jnp.inf)),
+        per.sampling_probabilities(fill(per)), rtol=2e-5, atol=1e-7)
+
+
+def test_set_age_decay_tau_rejects_bad_tau_and_non_freshper_buffers():
+    buffer = make_trajectory_buffer(ReplayConfig(capacity=8, sample_batch_size=2))
+    state = buffer.init(example_item())
+    with pytest.raises(ValueError, match=r"age_decay_tau must be in \(0"):
+        buffer.set_age_decay_tau(state, 0.0)
+    per = make_trajectory_buffer(ReplayConfig(capacity=8, sample_batch_size=2, sampling="per"))
+    with pytest.raises(ValueError, match="sampling='freshper'"):
+        per.set_age_decay_tau(per.init(example_item()), 10.0)

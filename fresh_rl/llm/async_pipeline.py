@@ -47,7 +47,7 @@ from fresh_rl.llm import old_logits as routes
 from fresh_rl.llm.model import Qwen2Config
 from fresh_rl.llm.rollout import Episodes, right_to_left_padded, run_episodes, write_span
 from fresh_rl.llm.sampler import generate, join_prompt_and_generation
-from fresh_rl.llm.trainer import (RLConfig, TrainState, batch_metrics, cached_build,
+from fresh_rl.llm.trainer import (Batch, RLConfig, TrainState, batch_metrics, cached_build,
                                   group_reset_keys, init_train_state, prepare_batch,
                                   sampling_config, update)
 from fresh_rl.validation import require_choice, require_in_range, require_int
@@ -231,19 +231,25 @@ def collect(ring: VersionRing, start_lag, key, *, config: RLConfig, async_config
     return run_episodes(env, policy, key, config.batch_size, reset_keys)
 
 
-def iteration(state: AsyncState, key, *, config: RLConfig, async_config: AsyncConfig, env,
-              model_config: Qwen2Config):
-    """lag → collect → old log-probs (route) → decoupled update → push version / EWMA.
+@flax.struct.dataclass
+class FreshBatch:
+    """What :func:`prepare` hands to the update: the episodes, the training batch (advantages
+    and the route's old log-probs), the EWMA reference after a possible reset and the route's
+    diagnostics (scalars)."""
 
-    Metrics: the trainer's (success_rate, active_token_fraction, clip_fraction on r_s, …) plus
-    ``abs_log_rd_mean`` (mean |log r_d| as the loss saw it, averaged over minibatches; for the
-    proxies the in-loss proxy), ``lag_mean`` / ``lag_max`` (version gap k − v of the action
-    tokens), ``start_lag``, ``old_logit_forwards`` (fp32 forward passes spent on old log-probs:
-    full-batch forwards at train time, one per segment at collection time, none for the
-    proxies), ``ewma_reset`` / ``ewma_reset_count``.
-    """
+    episodes: Episodes
+    batch: Batch
+    ewma: Optional[EWMAReference]
+    start_lag: jax.Array
+    forwards: jax.Array
+    reset: jax.Array
+
+
+def prepare(state: AsyncState, key, *, config: RLConfig, async_config: AsyncConfig, env,
+            model_config: Qwen2Config) -> FreshBatch:
+    """Steps 1–3 of an iteration: lag → collect → old log-probs by the route."""
     route = async_config.old_logit_route
-    k_collect, k_update = jax.random.split(key)
+    k_collect, _ = jax.random.split(key)
     ring, train = state.ring, state.train
     lag = state.window if async_config.lag_kind == "fixed" else jax.random.randint(
         jax.random.fold_in(key, 2), (), 0, state.window + 1)
@@ -253,7 +259,6 @@ def iteration(state: AsyncState, key, *, config: RLConfig, async_config: AsyncCo
     versions = episodes.token_extras["version"]
     action_mask = episodes.action_mask & episodes.mask
     behaviour = jnp.where(action_mask, episodes.behavior_logprobs, 0.0)
-    learner_version = ring.latest_version
     args = dict(model_config=model_config, temperature=config.temperature)
     old, alpha, ewma = None, None, state.ewma
     reset = jnp.zeros((), bool)
@@ -270,7 +275,7 @@ def iteration(state: AsyncState, key, *, config: RLConfig, async_config: AsyncCo
             jnp.arange(1, top + 1)).astype(jnp.int32))
     elif route in routes.PROXY_ROUTES:
         old = behaviour  # placeholder: the loss builds the proxy per minibatch
-        alpha = routes.proxy_alpha(versions, action_mask, learner_version)
+        alpha = routes.proxy_alpha(versions, action_mask, ring.latest_version)
         forwards = jnp.zeros((), jnp.int32)
     else:
         old, ewma, reset, forwards = routes.ewma_logprobs(
@@ -278,20 +283,60 @@ def iteration(state: AsyncState, key, *, config: RLConfig, async_config: AsyncCo
             mis=config.mis, ewma=async_config.ewma, **args)
     batch = prepare_batch(train.params, episodes, config=config, model_config=model_config,
                           old_logprobs=old, proxy_alpha=alpha)
-    train, metrics = update(train, batch, k_update, config=config, model_config=model_config,
-                            proximal=routes.PROXY_ROUTES.get(route))
-    ring = version_ring.push(ring, train.params)
+    return FreshBatch(episodes=episodes, batch=batch, ewma=ewma, start_lag=start_lag,
+                      forwards=forwards, reset=reset)
+
+
+def update_key(key):
+    """The key of the fresh-batch update of an iteration run with ``key``."""
+    return jax.random.split(key)[1]
+
+
+def finish(state: AsyncState, train: TrainState, ewma: Optional[EWMAReference], *,
+           async_config: AsyncConfig) -> AsyncState:
+    """Step 5: push the learner's new version into the ring; EWMA update of θ_ref."""
     if ewma is not None:
         ewma = ewma_update(ewma, train.params, async_config.ewma, beta=state.ewma_beta)
-    metrics = {**metrics, **batch_metrics(episodes, batch, config),
-               "abs_log_rd_mean": metrics["train_infer/log_ratio_abs_mean"],
-               **version_lag_statistics(versions, learner_version, action_mask),
-               "start_lag": start_lag.astype(jnp.float32),
-               "old_logit_forwards": forwards.astype(jnp.float32),
-               "ewma_reset": reset.astype(jnp.float32),
-               "ewma_reset_count": (ewma.reset_count if ewma is not None
-                                    else jnp.zeros((), jnp.int32)).astype(jnp.float32)}
-    return state.replace(train=train, ring=ring, ewma=ewma), metrics
+    return state.replace(train=train, ring=version_ring.push(state.ring, train.params),
+                         ewma=ewma)
+
+
+def fresh_metrics(fresh: FreshBatch, update_metrics, learner_version, *,
+                  config: RLConfig) -> dict[str, jax.Array]:
+    """The metrics of :func:`iteration` (documented there)."""
+    episodes = fresh.episodes
+    action_mask = episodes.action_mask & episodes.mask
+    ewma = fresh.ewma
+    return {**update_metrics, **batch_metrics(episodes, fresh.batch, config),
+            "abs_log_rd_mean": update_metrics["train_infer/log_ratio_abs_mean"],
+            **version_lag_statistics(episodes.token_extras["version"], learner_version,
+                                     action_mask),
+            "start_lag": fresh.start_lag.astype(jnp.float32),
+            "old_logit_forwards": fresh.forwards.astype(jnp.float32),
+            "ewma_reset": fresh.reset.astype(jnp.float32),
+            "ewma_reset_count": (ewma.reset_count if ewma is not None
+                                 else jnp.zeros((), jnp.int32)).astype(jnp.float32)}
+
+
+def iteration(state: AsyncState, key, *, config: RLConfig, async_config: AsyncConfig, env,
+              model_config: Qwen2Config):
+    """lag → collect → old log-probs (route) → decoupled update → push version / EWMA
+    (:func:`prepare`, the trainer's ``update``, :func:`finish`).
+
+    Metrics: the trainer's (success_rate, active_token_fraction, clip_fraction on r_s, …) plus
+    ``abs_log_rd_mean`` (mean |log r_d| as the loss saw it, averaged over minibatches; for the
+    proxies the in-loss proxy), ``lag_mean`` / ``lag_max`` (version gap k − v of the action
+    tokens), ``start_lag``, ``old_logit_forwards`` (fp32 forward passes spent on old log-probs:
+    full-batch forwards at train time, one per segment at collection time, none for the
+    proxies), ``ewma_reset`` / ``ewma_reset_count``.
+    """
+    fresh = prepare(state, key, config=config, async_config=async_config, env=env,
+                    model_config=model_config)
+    train, metrics = update(state.train, fresh.batch, update_key(key), config=config,
+                            model_config=model_config,
+                            proximal=routes.PROXY_ROUTES.get(async_config.old_logit_route))
+    metrics = fresh_metrics(fresh, metrics, state.ring.latest_version, config=config)
+    return finish(state, train, fresh.ewma, async_config=async_config), metrics
 
 
 def make_iteration(config: RLConfig, async_config: AsyncConfig, env, model_config: Qwen2Config,
@@ -355,5 +400,6 @@ def route_costs(async_config: AsyncConfig, params: Any,
             "extra_param_bytes": copies * routes.param_bytes(params)}
 
 
-__all__ = ["AsyncConfig", "AsyncState", "LAG_KINDS", "chunk_schedule", "collect", "init_state",
-           "iteration", "make_iteration", "route_costs", "train_loop", "versioned_policy"]
+__all__ = ["AsyncConfig", "AsyncState", "FreshBatch", "LAG_KINDS", "chunk_schedule", "collect",
+           "finish", "fresh_metrics", "init_state", "iteration", "make_iteration", "prepare",
+           "route_costs", "train_loop", "update_key", "versioned_policy"]

@@ -121,6 +121,11 @@ class ReplayConfig:
         """α/τ: log-key growth per policy version (0 for uniform and standard PER)."""
         return self.priority_exponent / self.age_decay_tau if self.sampling == "freshper" else 0.0
 
+    @property
+    def decays(self) -> bool:
+        """Whether keys carry an age term (FreshPER with a finite τ, set now or later)."""
+        return self.sampling == "freshper"
+
 
 @struct.dataclass
 class ReplayState:
@@ -140,6 +145,8 @@ class ReplayState:
         weight normalisation column 1 takes the min of log u_i (+inf for empty or
         zero-priority slots), the normaliser of the importance weights.
       num_rejected_writes: invalid priority writes skipped by the jit fallback.
+      decay_rate: float32 α/τ of the stored keys (``config.decay_rate`` at init; changed only
+        by ``set_age_decay_tau``, which rebuilds the keys).
     """
 
     experience: Any
@@ -153,6 +160,7 @@ class ReplayState:
     reference_version: jax.Array
     priority_tree: jax.Array
     num_rejected_writes: jax.Array
+    decay_rate: jax.Array
 
 
 @struct.dataclass
@@ -190,18 +198,20 @@ class TrajectoryBuffer:
     can_sample: Callable[[ReplayState], jax.Array]
     rebase: Callable[..., ReplayState]
     sampling_probabilities: Callable[[ReplayState], jax.Array]
+    set_age_decay_tau: Callable[..., ReplayState]
 
 
 # --------------------------------------------------------------------------------------------
 # Keys
 
 
-def _log_keys(config: ReplayConfig, base_priority, insert_version, reference_version):
+def _log_keys(config: ReplayConfig, base_priority, insert_version, reference_version,
+              decay_rate):
     """log u_i = α log p_i^base + (α/τ)(t_i − t_ref); −inf for zero priority."""
     log_priority = config.priority_exponent * jnp.log(base_priority)
     if config.priority_exponent == 0.0:
         log_priority = jnp.where(base_priority > 0, 0.0, -jnp.inf)
-    age_term = config.decay_rate * (insert_version - reference_version).astype(jnp.float32)
+    age_term = decay_rate * (insert_version - reference_version).astype(jnp.float32)
     return log_priority + age_term
 
 
@@ -242,6 +252,7 @@ def _init(config: ReplayConfig, example_trajectory: Any) -> ReplayState:
         reference_version=jnp.zeros((), jnp.int32),
         priority_tree=segment_tree.init(tree_capacity, _tree_columns(config)),
         num_rejected_writes=jnp.zeros((), jnp.int32),
+        decay_rate=jnp.asarray(config.decay_rate, jnp.float32),
     )
 
 
@@ -255,7 +266,8 @@ def _rebase(config: ReplayConfig, state: ReplayState, reference_version) -> Repl
     if not config.prioritized:
         return state
     reference_version = jnp.asarray(reference_version, jnp.int32)
-    log_keys = _log_keys(config, state.base_priority, state.insert_version, reference_version)
+    log_keys = _log_keys(config, state.base_priority, state.insert_version, reference_version,
+                         state.decay_rate)
     return state.replace(
         reference_version=reference_version,
         priority_tree=segment_tree.build(
@@ -270,7 +282,8 @@ def _write_keys(
     """Writes the keys of items ``slots`` (priority ``base_priority``, version
     ``insert_version``) into the tree. Unmasked ``slots`` must be distinct (callers resolve
     duplicates first)."""
-    log_keys = _log_keys(config, base_priority, insert_version, state.reference_version)
+    log_keys = _log_keys(config, base_priority, insert_version, state.reference_version,
+                         state.decay_rate)
     tree_leaves = _tree_leaves_from_log_keys(config, log_keys, jnp.ones_like(write_mask))
     return state.replace(
         priority_tree=segment_tree.write(
@@ -343,9 +356,9 @@ def _add(
         new_priority = jnp.broadcast_to(state.max_priority, (batch_size,))
     state = state.replace(base_priority=state.base_priority.at[slots].set(new_priority))
 
-    if config.decay_rate > 0.0:
+    if config.decays:
         newest = jnp.max(versions)
-        overflow = config.decay_rate * (newest - state.reference_version) > config.rebase_exponent
+        overflow = state.decay_rate * (newest - state.reference_version) > config.rebase_exponent
         state = jax.lax.cond(
             overflow, lambda s: _rebase(config, s, newest), lambda s: s, state
         )
@@ -467,6 +480,20 @@ def _set_priorities(
     )
 
 
+def _set_age_decay_tau(config: ReplayConfig, state: ReplayState, age_decay_tau) -> ReplayState:
+    """Sets FreshPER's τ (traced scalar allowed; ``inf`` turns the decay off) and rebuilds
+    every key in one O(N) pass, rebased to the newest version: afterwards the buffer samples
+    exactly as one created with this τ. Used by online τ selection
+    (:mod:`fresh_rl.llm.replay_trainer`); requires ``sampling="freshper"``."""
+    if not config.decays:
+        raise ValueError(f"set_age_decay_tau needs sampling='freshper', got {config.sampling!r}")
+    tau = jnp.asarray(age_decay_tau, jnp.float32)
+    if not is_traced(tau):
+        require_in_range("age_decay_tau", float(tau), 0.0, math.inf, low_inclusive=False)
+    state = state.replace(decay_rate=config.priority_exponent / tau)
+    return _rebase(config, state, state.latest_version)
+
+
 def _can_sample(config: ReplayConfig, state: ReplayState) -> jax.Array:
     return state.num_valid >= config.sample_batch_size
 
@@ -491,4 +518,5 @@ def make_trajectory_buffer(config: ReplayConfig) -> TrajectoryBuffer:
         can_sample=functools.partial(_can_sample, config),
         rebase=functools.partial(_rebase, config),
         sampling_probabilities=functools.partial(_sampling_probabilities, config),
+        set_age_decay_tau=functools.partial(_set_age_decay_tau, config),
     )

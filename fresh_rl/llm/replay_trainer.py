@@ -1,0 +1,449 @@
+"""Experience replay in the LLM RL loop: on-policy, standard PER and FreshPER (arXiv 2604.16918).
+
+One jitted iteration at learner version k (papers/freshper.md §1.5, the authors' loop):
+
+1. **fresh step**: collect a batch and update on it once, exactly as the asynchronous
+   pipeline does (:func:`fresh_rl.llm.async_pipeline.prepare`; W = 0 is the synchronous
+   trainer, W > 0 / partial rollouts / every old-logit route stay available).
+2. **store** the fresh batch in a trajectory buffer (:mod:`fresh_rl.replay`): tokens, masks,
+   the sampler's log-probs π_infer, the route's fp32 old log-probs π_old (the behaviour
+   policy of the stored tokens, FreshPER's ``behavior_log_probs``), per-token version tags,
+   returns, success and the fresh advantages. Insert version t_i = the oldest version tag of
+   the trajectory; base priority ``|return| + ε`` (the paper's REINFORCE++ choice) or
+   ``|advantage| + ε``::
+
+       p_i(t) = p_i^base · exp(−(t − t_i)/τ),     P(i) ∝ p_i(t)^α
+
+3. **K replay updates**, each on a separate batch of ``batch_size`` trajectories sampled from
+   the buffer (stratified PER sampling; uniform for ``sampling="uniform"``). The ratio
+   reference of a replayed token is its **stored** π_old (never recomputed), so the decoupled
+   loss clips r_s = π_θ/π_old(t_i) against the version that generated it and the MIS mask on
+   r_d = π_old/π_infer still sees only the train–inference discrepancy. Advantages are
+   recomputed on the replay batch (REINFORCE++ batch normalisation, as the authors' code
+   does) or the stored fresh ones are reused (``replay_advantages="stored"``, needed for
+   GRPO, whose groups a replay batch does not keep). Optional PER importance weights
+   ``w_i = (N·P(i))^(−β)/max_j w_j`` scale each sequence's advantages, which equals weighting
+   its loss term since w_i ≥ 0 (β constant or annealed linearly to ``is_beta_final``).
+   With ``priority="advantage"`` the sampled items' priorities are refreshed afterwards.
+4. **finish**: the learner after all 1 + K updates becomes version k + 1 (ring push, EWMA).
+
+Age is counted in iterations (policy versions), the authors' outer-step clock: one iteration
+is 1 + K updates, so τ = 500 in the paper is 500 iterations. Standard PER is
+``sampling="per"`` (or ``"freshper"`` with τ = ∞); on-policy is K = 0.
+
+**Online τ (beyond the paper).** With ``auto_tau`` the buffer's τ follows the measured drift:
+after each replay update the token-level ``kl_k3`` of r_s between the learner and the stored
+behaviour policy and the batch's mean age give κ̂ = KL/age (KL per version, assuming the linear
+growth of papers/freshper.md §2); an exponential moving average of κ̂ sets
+``τ = 1/(c·κ̂)`` (ESS/n ≈ exp(−c·KL), c = ``auto_tau_ess_coefficient``; 1 is our choice), clipped
+to ``auto_tau_bounds`` and written with :func:`fresh_rl.replay.TrajectoryBuffer.set_age_decay_tau`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Optional
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fresh_rl.llm import async_pipeline as ap
+from fresh_rl.llm import old_logits as routes
+from fresh_rl.llm.model import Qwen2Config
+from fresh_rl.llm.sampler import token_logprobs_and_entropy
+from fresh_rl.llm.trainer import (Batch, RLConfig, cached_build,
+                                  compute_advantages, update)
+from fresh_rl.replay import ReplayConfig, ReplayState, make_trajectory_buffer
+from fresh_rl.validation import require_choice, require_in_range, require_int
+
+SAMPLINGS = ("uniform", "per", "freshper")
+PRIORITIES = ("reward", "advantage")
+REPLAY_ADVANTAGES = ("recompute", "stored")
+
+
+@dataclasses.dataclass(frozen=True)
+class LLMReplayConfig:
+    """Static replay settings; bad values raise ``ValueError`` naming the field.
+
+    Attributes:
+      replay_updates: K ≥ 0 replay updates per iteration (0 = on-policy; the paper's K is
+        not known, the authors' default is 1).
+      capacity: trajectories kept (FIFO eviction; the paper's 50 000 is far above our runs).
+      sampling: ``"uniform"``, ``"per"`` (standard PER) or ``"freshper"``.
+      priority_exponent: α (0.6 in the paper).
+      age_decay_tau: τ > 0 in iterations (``inf`` = standard PER); the initial τ with
+        ``auto_tau``.
+      priority: base priority ``"reward"`` (|return| + ε, the paper's) or ``"advantage"``
+        (|sequence advantage| + ε, refreshed after each replay).
+      priority_eps: ε (1e-6 as the authors' code).
+      importance_correction: scale replayed advantages by the PER importance weights.
+      is_beta, is_beta_final, is_beta_anneal_iterations: β of the weights (0.4 in the
+        paper), annealed linearly to ``is_beta_final`` over that many iterations (0 =
+        constant, as the authors' code; the README's 0.4 → 1 schedule length is not known).
+      replay_advantages: ``"recompute"`` (REINFORCE++ batch normalisation of the replay
+        batch's returns; needs ``estimator="reinforce_pp"`` with batch grouping) or
+        ``"stored"`` (the advantages computed when the batch was fresh).
+      auto_tau: set τ online from the measured drift (module docstring).
+      auto_tau_ess_coefficient: c in τ = 1/(c·κ̂) (our choice 1; papers/freshper.md §2 says
+        c is of order 1–2).
+      auto_tau_momentum: EMA momentum of κ̂ (our choice 0.9).
+      auto_tau_bounds: (τ_min, τ_max) clip of the online τ.
+    """
+
+    replay_updates: int = 1
+    capacity: int = 1024
+    sampling: str = "freshper"
+    priority_exponent: float = 0.6
+    age_decay_tau: float = 500.0
+    priority: str = "reward"
+    priority_eps: float = 1e-6
+    importance_correction: bool = True
+    is_beta: float = 0.4
+    is_beta_final: float = 0.4
+    is_beta_anneal_iterations: int = 0
+    replay_advantages: str = "recompute"
+    auto_tau: bool = False
+    auto_tau_ess_coefficient: float = 1.0
+    auto_tau_momentum: float = 0.9
+    auto_tau_bounds: tuple[float, float] = (1.0, 1e4)
+
+    def __post_init__(self):
+        require_int("LLMReplayConfig.replay_updates", self.replay_updates, 0)
+        require_int("LLMReplayConfig.capacity", self.capacity, 1)
+        require_choice("LLMReplayConfig.sampling", self.sampling, SAMPLINGS)
+        require_in_range("LLMReplayConfig.priority_exponent", self.priority_exponent, 0.0, 1.0)
+        require_in_range("LLMReplayConfig.age_decay_tau", self.age_decay_tau, 0.0, math.inf,
+                         low_inclusive=False)
+        require_choice("LLMReplayConfig.priority", self.priority, PRIORITIES)
+        require_in_range("LLMReplayConfig.priority_eps", self.priority_eps, 0.0, math.inf)
+        require_in_range("LLMReplayConfig.is_beta", self.is_beta, 0.0, 1.0)
+        require_in_range("LLMReplayConfig.is_beta_final", self.is_beta_final, 0.0, 1.0)
+        require_int("LLMReplayConfig.is_beta_anneal_iterations", self.is_beta_anneal_iterations,
+                    0)
+        require_choice("LLMReplayConfig.replay_advantages", self.replay_advantages,
+                       REPLAY_ADVANTAGES)
+        if self.auto_tau and self.sampling != "freshper":
+            raise ValueError(f"LLMReplayConfig.auto_tau needs sampling='freshper', got "
+                             f"{self.sampling!r}")
+        require_in_range("LLMReplayConfig.auto_tau_ess_coefficient",
+                         self.auto_tau_ess_coefficient, 0.0, math.inf, low_inclusive=False)
+        require_in_range("LLMReplayConfig.auto_tau_momentum", self.auto_tau_momentum, 0.0, 1.0,
+                         high_inclusive=False)
+        low, high = self.auto_tau_bounds
+        if not 0 < low <= high:
+            raise ValueError(f"LLMReplayConfig.auto_tau_bounds must satisfy 0 < min <= max, "
+                             f"got {self.auto_tau_bounds!r}")
+
+    def buffer_config(self, batch_size: int) -> ReplayConfig:
+        return ReplayConfig(capacity=self.capacity, sample_batch_size=batch_size,
+                            sampling=self.sampling, priority_exponent=self.priority_exponent,
+                            importance_exponent=self.is_beta, age_decay_tau=self.age_decay_tau,
+                            new_item_priority="given")
+
+    def beta_at(self, iteration):
+        """β of iteration ``iteration`` (traced allowed)."""
+        if self.is_beta_anneal_iterations == 0:
+            return jnp.float32(self.is_beta)
+        frac = jnp.minimum(iteration / self.is_beta_anneal_iterations, 1.0)
+        return jnp.float32(self.is_beta) + (self.is_beta_final - self.is_beta) * frac
+
+
+def check_compatible(config: RLConfig, replay_config: LLMReplayConfig) -> None:
+    """Raises ``ValueError`` for trainer / replay settings that do not fit together."""
+    if config.loss != "decoupled":
+        raise ValueError(f"RLConfig.loss must be 'decoupled' for replay (the stored old "
+                         f"log-probs are the ratio reference), got {config.loss!r}")
+    if replay_config.replay_advantages == "recompute" and not (
+            config.estimator == "reinforce_pp" and config.reinforce_pp_grouping == "batch"):
+        raise ValueError("LLMReplayConfig.replay_advantages='recompute' needs "
+                         "RLConfig.estimator='reinforce_pp' with reinforce_pp_grouping='batch' "
+                         "(a replay batch does not keep GRPO's prompt groups); use 'stored'")
+    if replay_config.capacity < config.batch_size:
+        raise ValueError(f"LLMReplayConfig.capacity must be >= the batch size "
+                         f"{config.batch_size}, got {replay_config.capacity}")
+
+
+@flax.struct.dataclass
+class ReplayLoopState:
+    """The pipeline state (learner, version ring, EWMA), the trajectory buffer, the iteration
+    counter and the online drift estimate κ̂ (KL per version; 0 until first measured)."""
+
+    pipeline: ap.AsyncState
+    replay: ReplayState
+    iteration: jax.Array
+    kl_per_version: jax.Array
+
+
+def stored_item(width: int) -> dict[str, jax.Array]:
+    """One stored trajectory (the buffer's example item) for transcripts of ``width`` tokens."""
+    f32, i32 = jnp.zeros((width,), jnp.float32), jnp.zeros((width,), jnp.int32)
+    return {"tokens": i32, "mask": jnp.zeros((width,), bool),
+            "action_mask": jnp.zeros((width,), bool), "behavior_logprobs": f32,
+            "old_logprobs": f32, "advantages": f32, "version": i32,
+            "returns": jnp.zeros((), jnp.float32), "success": jnp.zeros((), bool)}
+
+
+def init_state(config: RLConfig, async_config: ap.AsyncConfig, replay_config: LLMReplayConfig,
+               params, env, window: Optional[int] = None) -> ReplayLoopState:
+    check_compatible(config, replay_config)
+    pipeline = ap.init_state(config, async_config, params, window)
+    buffer = make_trajectory_buffer(replay_config.buffer_config(config.batch_size))
+    replay = buffer.init(stored_item(env.transcript_len))
+    state = ReplayLoopState(pipeline=pipeline, replay=replay,
+                            iteration=jnp.zeros((), jnp.int32),
+                            kl_per_version=jnp.zeros((), jnp.float32))
+    leaf = jax.tree_util.tree_leaves(params)[0]
+    return jax.device_put(state, getattr(leaf, "sharding", None) or jax.devices()[0])
+
+
+def sequence_advantage(advantages, action_mask):
+    """``[B]`` mean token advantage of each trajectory (its response-level advantage)."""
+    weight = action_mask.astype(jnp.float32)
+    return (advantages * weight).sum(axis=1) / jnp.maximum(weight.sum(axis=1), 1.0)
+
+
+def base_priority(replay_config: LLMReplayConfig, returns, advantages, action_mask):
+    value = returns if replay_config.priority == "reward" else sequence_advantage(advantages,
+                                                                                  action_mask)
+    return jnp.abs(value) + replay_config.priority_eps
+
+
+def insert_versions(versions, action_mask, learner_version):
+    """``[B]`` t_i: the oldest version tag among a trajectory's action tokens."""
+    return jnp.min(jnp.where(action_mask, versions, learner_version), axis=1)
+
+
+def replay_batch(experience: dict, weights, *, config: RLConfig,
+                 replay_config: LLMReplayConfig) -> Batch:
+    """The training batch of sampled trajectories: stored π_infer and π_old, advantages
+    recomputed or stored, times the PER importance weights when enabled."""
+    action_mask = experience["action_mask"]
+    if replay_config.replay_advantages == "recompute":
+        advantages = compute_advantages(config, experience["returns"], action_mask)
+    else:
+        advantages = experience["advantages"]
+    if replay_config.importance_correction:
+        advantages = advantages * weights[:, None]
+    return Batch(tokens=experience["tokens"], mask=experience["mask"], action_mask=action_mask,
+                 behavior_logprobs=experience["behavior_logprobs"],
+                 old_logprobs=experience["old_logprobs"],
+                 advantages=jnp.where(action_mask, advantages, 0.0))
+
+
+REPLAY_METRICS = ("loss", "kl_k3", "ess", "clip_fraction", "active_token_fraction",
+                  "age_mean", "age_max", "importance_weight_mean", "success_rate")
+
+
+def iteration(state: ReplayLoopState, key, *, config: RLConfig, async_config: ap.AsyncConfig,
+              replay_config: LLMReplayConfig, env, model_config: Qwen2Config):
+    """fresh step → store → K replay updates → finish (module docstring).
+
+    Metrics: the async pipeline's (fresh batch; :func:`fresh_rl.llm.async_pipeline.iteration`)
+    plus ``replay/<name>`` averaged over the K replay updates (0 when none ran): the loss,
+    ``kl_k3`` / ``ess`` of r_s = π_θ/π_old against the stored behaviour policy, the clip and
+    active-token fractions, the sampled items' ``age_mean`` / ``age_max``, the mean importance
+    weight and their training success; ``replay/updates`` (replay updates that ran),
+    ``buffer_size``, ``age_decay_tau`` (the buffer's current τ; inf without decay),
+    ``kl_per_version`` (κ̂) and ``is_beta``.
+    """
+    buffer = make_trajectory_buffer(replay_config.buffer_config(config.batch_size))
+    pipeline = state.pipeline
+    learner_version = pipeline.ring.latest_version
+    fresh = ap.prepare(pipeline, key, config=config, async_config=async_config, env=env,
+                       model_config=model_config)
+    proximal = routes.PROXY_ROUTES.get(async_config.old_logit_route)
+    train, fresh_update = update(pipeline.train, fresh.batch, ap.update_key(key), config=config,
+                                 model_config=model_config, proximal=proximal)
+    metrics = ap.fresh_metrics(fresh, fresh_update, learner_version, config=config)
+
+    episodes, batch = fresh.episodes, fresh.batch
+    versions = episodes.token_extras["version"]
+    item = {"tokens": batch.tokens, "mask": batch.mask, "action_mask": batch.action_mask,
+            "behavior_logprobs": batch.behavior_logprobs, "old_logprobs": batch.old_logprobs,
+            "advantages": batch.advantages,
+            "version": jnp.where(batch.action_mask, versions, 0),
+            "returns": episodes.returns.astype(jnp.float32), "success": episodes.success}
+    replay = buffer.add(state.replay, item,
+                        insert_versions(versions, batch.action_mask, learner_version),
+                        base_priority(replay_config, item["returns"], batch.advantages,
+                                      batch.action_mask))
+    beta = replay_config.beta_at(state.iteration)
+    kl_per_version = state.kl_per_version
+
+    def replay_step(carry, j):
+        train, replay, kl_per_version = carry
+        k_sample, k_update = jax.random.split(jax.random.fold_in(key, 3 + j))
+        sample = buffer.sample(replay, k_sample, beta, current_version=learner_version)
+        rbatch = replay_batch(sample.experience, sample.importance_weights, config=config,
+                              replay_config=replay_config)
+        ready = buffer.can_sample(replay)
+        new_train, m = update(train, rbatch, k_update, config=config, model_config=model_config)
+        train = jax.tree_util.tree_map(lambda a, b: jnp.where(ready, a, b), new_train, train)
+        if replay_config.priority == "advantage":
+            fresh_adv = replay_batch(sample.experience, jnp.ones_like(sample.importance_weights),
+                                     config=config, replay_config=replay_config).advantages
+            replay = buffer.set_priorities(
+                replay, sample.indices,
+                base_priority(replay_config, sample.experience["returns"], fresh_adv,
+                              sample.experience["action_mask"]))
+        age = sample.age.astype(jnp.float32)
+        if replay_config.auto_tau:
+            measured = m["kl_k3"] / jnp.maximum(jnp.mean(age), 1.0)
+            seen = kl_per_version > 0
+            kl_per_version = jnp.where(
+                ready & (jnp.mean(age) > 0),
+                jnp.where(seen, replay_config.auto_tau_momentum * kl_per_version
+                          + (1 - replay_config.auto_tau_momentum) * measured, measured),
+                kl_per_version)
+        step = {"loss": m["loss"], "kl_k3": m["kl_k3"], "ess": m["ess"],
+                "clip_fraction": m["clip_fraction"],
+                "active_token_fraction": m["active_token_fraction"],
+                "age_mean": jnp.mean(age), "age_max": jnp.max(age),
+                "importance_weight_mean": jnp.mean(sample.importance_weights),
+                "success_rate": jnp.mean(sample.experience["success"].astype(jnp.float32))}
+        step = {name: jnp.where(ready, value, 0.0) for name, value in step.items()}
+        return (train, replay, kl_per_version), (step, ready)
+
+    (train, replay, kl_per_version), (steps, ready) = jax.lax.scan(
+        replay_step, (train, replay, kl_per_version),
+        jnp.arange(replay_config.replay_updates, dtype=jnp.int32))
+    count = jnp.sum(ready.astype(jnp.float32))
+    for name in REPLAY_METRICS:
+        metrics[f"replay/{name}"] = jnp.sum(steps[name]) / jnp.maximum(count, 1.0)
+    if replay_config.auto_tau:
+        low, high = replay_config.auto_tau_bounds
+        tau = jnp.where(kl_per_version > 0,
+                        jnp.clip(1.0 / (replay_config.auto_tau_ess_coefficient
+                                        * jnp.maximum(kl_per_version, 1e-12)), low, high),
+                        replay_config.age_decay_tau)
+        replay = buffer.set_age_decay_tau(replay, tau)
+    metrics.update({"replay/updates": count,
+                    "buffer_size": replay.num_valid.astype(jnp.float32),
+                    "age_decay_tau": jnp.where(replay.decay_rate > 0,
+                                               replay_config.priority_exponent
+                                               / jnp.maximum(replay.decay_rate, 1e-30), jnp.inf),
+                    "kl_per_version": kl_per_version, "is_beta": beta})
+    pipeline = ap.finish(pipeline, train, fresh.ewma, async_config=async_config)
+    return state.replace(pipeline=pipeline, replay=replay, iteration=state.iteration + 1,
+                         kl_per_version=kl_per_version), metrics
+
+
+def make_iteration(config: RLConfig, async_config: ap.AsyncConfig,
+                   replay_config: LLMReplayConfig, env, model_config: Qwen2Config,
+                   num_seeds: Optional[int] = None):
+    """Jitted ``(state, key) -> (state, metrics)`` (vmapped over seeds with ``num_seeds``),
+    cached like :func:`fresh_rl.llm.trainer.make_iteration`."""
+    check_compatible(config, replay_config)
+
+    def build():
+        fn = lambda state, key: iteration(state, key, config=config,  # noqa: E731
+                                          async_config=async_config,
+                                          replay_config=replay_config, env=env,
+                                          model_config=model_config)
+        return jax.jit(fn if num_seeds is None else jax.vmap(fn))
+
+    return cached_build(("replay", config, async_config, replay_config, env, model_config,
+                         num_seeds), build)
+
+
+def train_loop(config: RLConfig, async_config: ap.AsyncConfig, replay_config: LLMReplayConfig,
+               key, num_iterations: int, *, params, env, model_config: Qwen2Config,
+               num_seeds: Optional[int] = None, seed_keys=None, window: Optional[int] = None,
+               state: Optional[ReplayLoopState] = None, checkpointer=None,
+               checkpoint_every: int = 10, log=None):
+    """Runs iterations up to ``num_iterations`` (counted from 0, so a resumed run does only
+    the rest); keys and the history layout as :func:`fresh_rl.llm.async_pipeline.train_loop`:
+    iteration i uses ``fold_in(key, i)``; with ``num_seeds`` = S row s uses
+    ``fold_in(seed_keys[s], i)``, ``seed_keys`` defaulting to ``split(key, S)`` (pass it to give
+    several rows the same seed, e.g. a τ ablation started from ``state`` with per-row τ).
+
+    ``checkpointer`` (a :class:`fresh_rl.sweep.checkpoint.RunCheckpointer`): the whole state
+    (params, optimizer, buffer, version ring, EWMA reference, iteration counter, drift
+    estimate) and the history so far are saved every ``checkpoint_every`` iterations and at
+    the end; a restart restores the newest checkpoint and continues with the same keys, so
+    the result equals an uninterrupted run's. Returns ``(state, history)``, ``history[name]``
+    a float32 ``[num_iterations]`` (``[S, num_iterations]`` with seeds).
+    """
+    require_int("num_iterations", num_iterations, 1)
+    require_int("checkpoint_every", checkpoint_every, 1)
+    step_fn = make_iteration(config, async_config, replay_config, env, model_config, num_seeds)
+    if state is None:
+        state = init_state(config, async_config, replay_config, params, env, window)
+        if num_seeds is not None:
+            state = jax.tree_util.tree_map(lambda x: jnp.stack([x] * num_seeds), state)
+    if num_seeds is None:
+        keys, fold = key, jax.random.fold_in
+    else:
+        keys = jax.random.split(key, num_seeds) if seed_keys is None else seed_keys
+        fold = jax.vmap(jax.random.fold_in, in_axes=(0, None))
+    history = None
+    if checkpointer is not None:
+        abstract_state = jax.eval_shape(lambda: state)
+        metric_shapes = jax.eval_shape(step_fn, abstract_state, fold(keys, 0))[1]
+        abstract_history = {
+            name: jax.ShapeDtypeStruct(tuple(s.shape) + (num_iterations,), np.float32)
+            for name, s in {**metric_shapes, "wall_seconds": metric_shapes["loss"]}.items()}
+        restored = checkpointer.restore_latest({"state": abstract_state,
+                                                "history": abstract_history})
+        if restored is not None:
+            state, history = restored[1]["state"], {
+                name: np.array(v) for name, v in restored[1]["history"].items()}
+    first = int(np.asarray(state.iteration).reshape(-1)[0])
+    for i in range(first, num_iterations):
+        start = time.perf_counter()
+        state, metrics = step_fn(state, fold(keys, i))
+        metrics = {k: np.asarray(v, np.float64) for k, v in jax.device_get(metrics).items()}
+        metrics["wall_seconds"] = np.full(np.shape(metrics["loss"]), time.perf_counter() - start)
+        if history is None:
+            history = {k: np.zeros(np.shape(v) + (num_iterations,), np.float32)
+                       for k, v in metrics.items()}
+        for name, value in metrics.items():
+            history[name][..., i] = value
+        if log is not None:
+            log(i, metrics)
+        if checkpointer is not None and ((i + 1) % checkpoint_every == 0
+                                         or i + 1 == num_iterations):
+            checkpointer.save(i + 1, {"state": state, "history": history})
+    return state, history
+
+
+def set_initial_tau(state: ReplayLoopState, replay_config: LLMReplayConfig,
+                    batch_size: int, taus) -> ReplayLoopState:
+    """Stacks ``state`` (unbatched) once per τ in ``taus`` with that τ in the buffer: one
+    compiled FreshPER program then runs a τ ablation (τ is a state leaf of the buffer)."""
+    buffer = make_trajectory_buffer(replay_config.buffer_config(batch_size))
+    return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[
+        state.replace(replay=buffer.set_age_decay_tau(state.replay, tau)) for tau in taus])
+
+
+def drift_by_age(params, replay: ReplayState, *, config: RLConfig, model_config: Qwen2Config,
+                 now) -> dict[str, jax.Array]:
+    """Per stored trajectory (``[C]``, invalid slots masked by ``valid``): its age
+    ``now − t_i`` and, over its action tokens, the token-level ``kl_k3`` of
+    r = π_θ/π_old (the learner ``params`` against the stored behaviour policy), the mean
+    log-ratio and the weights' sums Σr and Σr² (token ESS of any group of trajectories is
+    (Σ Σr)² / (n · Σ Σr²)). One fp32 forward over the whole buffer (papers/freshper.md §2:
+    ESS/n ≈ exp(−c·KL), KL growing with age)."""
+    experience = replay.experience
+    logp, _ = token_logprobs_and_entropy(params, model_config, experience["tokens"],
+                                         experience["mask"], temperature=config.temperature)
+    mask = experience["action_mask"] & replay.valid[:, None]
+    log_ratio = jnp.where(mask, logp - experience["old_logprobs"], 0.0)
+    ratio = jnp.where(mask, jnp.exp(log_ratio), 0.0)
+    weight = mask.astype(jnp.float32)
+    count = jnp.maximum(weight.sum(axis=1), 1.0)
+    k3 = jnp.where(mask, jnp.exp(-log_ratio) - 1.0 + log_ratio, 0.0)
+    return {"valid": replay.valid & mask.any(axis=1),
+            "age": (now - replay.insert_version).astype(jnp.float32),
+            "kl_k3": k3.sum(axis=1) / count, "log_ratio_mean": log_ratio.sum(axis=1) / count,
+            "ratio_sum": ratio.sum(axis=1), "ratio_sq_sum": jnp.square(ratio).sum(axis=1),
+            "tokens": weight.sum(axis=1)}
+
+
+__all__ = ["LLMReplayConfig", "REPLAY_METRICS", "ReplayLoopState", "base_priority",
+           "check_compatible", "drift_by_age", "init_state", "insert_versions", "iteration",
+           "make_iteration", "replay_batch", "sequence_advantage", "set_initial_tau",
+           "stored_item", "train_loop"]

@@ -1,0 +1,199 @@
+"""Replay in the LLM RL loop (FreshPER, arXiv 2604.16918): config errors, K = 0 is exactly
+on-policy, τ = ∞ is exactly standard PER, replayed samples carry their original behaviour
+log-probs and versions, checkpoint/resume is exact, and the ci-scale experiment."""
+import csv
+import dataclasses
+import math
+import os
+import shutil
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fresh_rl.llm import async_pipeline as ap
+from fresh_rl.llm import replay_trainer as rt
+from fresh_rl.llm.model import preset
+from fresh_rl.llm.trainer import RLConfig
+from fresh_rl.llm.warm_start import restore_params
+from fresh_rl.sweep.checkpoint import RunCheckpointer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+import freshper as experiment  # noqa: E402
+
+MODEL = preset("tiny")
+SCALE = experiment.SCALES["ci"]
+CONFIG, ENV = SCALE.rl, experiment.TASKS["arithmetic"]
+METHODS = dict(SCALE.methods)
+SEEDS = SCALE.seeds
+KEY = jax.random.PRNGKey(3)
+
+
+@pytest.fixture(scope="module")
+def params():
+    return restore_params(experiment.WARM_START, MODEL)
+
+
+def _run(replay_config, params, iterations=SCALE.iterations, **kwargs):
+    return rt.train_loop(CONFIG, experiment.SYNC, replay_config, KEY, iterations, params=params,
+                         env=ENV, model_config=MODEL, num_seeds=SEEDS, **kwargs)
+
+
+def _assert_same(run_a, run_b, keys):
+    (state_a, hist_a), (state_b, hist_b) = run_a, run_b
+    for key in keys:
+        np.testing.assert_array_equal(hist_a[key], hist_b[key], err_msg=key)
+    for a, b in zip(jax.tree_util.tree_leaves(state_a.train.params if hasattr(state_a, "train")
+                                              else state_a.pipeline.train.params),
+                    jax.tree_util.tree_leaves(state_b.pipeline.train.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# --------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(replay_updates=-1), "LLMReplayConfig.replay_updates"),
+    (dict(sampling="lifo"), "LLMReplayConfig.sampling"),
+    (dict(age_decay_tau=0.0), r"LLMReplayConfig.age_decay_tau must be in \(0"),
+    (dict(priority="td_error"), "LLMReplayConfig.priority"),
+    (dict(is_beta=1.5), r"LLMReplayConfig.is_beta must be in \[0"),
+    (dict(replay_advantages="mixed"), "LLMReplayConfig.replay_advantages"),
+    (dict(sampling="per", auto_tau=True), "auto_tau needs sampling='freshper'"),
+    (dict(auto_tau_bounds=(5.0, 1.0)), "auto_tau_bounds"),
+    (dict(auto_tau_momentum=1.0), "auto_tau_momentum"),
+])
+def test_bad_config_names_the_field(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        rt.LLMReplayConfig(**kwargs)
+
+
+def test_incompatible_trainer_settings_fail_clearly():
+    replay = rt.LLMReplayConfig()
+    with pytest.raises(ValueError, match="RLConfig.loss must be 'decoupled'"):
+        rt.check_compatible(RLConfig(estimator="reinforce_pp"), replay)
+    with pytest.raises(ValueError, match="replay_advantages='recompute' needs"):
+        rt.check_compatible(RLConfig(estimator="grpo", loss="decoupled"), replay)
+    rt.check_compatible(RLConfig(estimator="grpo", loss="decoupled"),
+                        dataclasses.replace(replay, replay_advantages="stored"))
+    with pytest.raises(ValueError, match="capacity must be >= the batch size"):
+        rt.check_compatible(CONFIG, dataclasses.replace(replay, capacity=2))
+
+
+def test_beta_annealing():
+    config = rt.LLMReplayConfig(is_beta=0.4, is_beta_final=1.0, is_beta_anneal_iterations=10)
+    assert float(config.beta_at(0)) == pytest.approx(0.4)
+    assert float(config.beta_at(5)) == pytest.approx(0.7)
+    assert float(config.beta_at(50)) == pytest.approx(1.0)
+    assert float(rt.LLMReplayConfig(is_beta=0.4).beta_at(50)) == pytest.approx(0.4)
+
+
+def test_priorities_and_insert_versions():
+    returns = jnp.array([1.0, -0.15, 0.0])
+    adv = jnp.array([[0.0, 2.0, 2.0], [0.0, -1.0, 0.0], [0.0, 0.0, 0.0]])
+    mask = jnp.array([[False, True, True], [False, True, False], [False, False, False]])
+    reward = rt.base_priority(rt.LLMReplayConfig(), returns, adv, mask)
+    np.testing.assert_allclose(reward, [1.0 + 1e-6, 0.15 + 1e-6, 1e-6], rtol=1e-6)
+    advantage = rt.base_priority(rt.LLMReplayConfig(priority="advantage"), returns, adv, mask)
+    np.testing.assert_allclose(advantage, [2.0 + 1e-6, 1.0 + 1e-6, 1e-6], rtol=1e-6)
+    versions = jnp.array([[0, 3, 4], [0, 5, 0], [0, 0, 0]])
+    np.testing.assert_array_equal(rt.insert_versions(versions, mask, 7), [3, 5, 7])
+
+
+# --------------------------------------------------------------------------- equivalences
+
+
+def test_zero_replay_updates_is_exactly_on_policy(params):
+    on_policy = _run(METHODS["on_policy"], params)
+    plain = ap.train_loop(CONFIG, experiment.SYNC, KEY, SCALE.iterations, params=params,
+                          env=ENV, model_config=MODEL, num_seeds=SEEDS)
+    _assert_same((plain[0], plain[1]), on_policy,
+                 ("loss", "success_rate", "mean_return", "clip_fraction", "grad_norm"))
+    assert np.all(on_policy[1]["replay/updates"] == 0)
+    assert np.all(on_policy[1]["buffer_size"][:, -1] == SCALE.iterations * CONFIG.batch_size)
+
+
+def test_infinite_tau_is_exactly_standard_per(params):
+    per = _run(METHODS["per"], params)
+    fresh = METHODS["freshper"]
+    state = rt.init_state(CONFIG, experiment.SYNC, fresh, params, ENV)
+    state = rt.set_initial_tau(state, fresh, CONFIG.batch_size, [math.inf] * SEEDS)
+    infinite = _run(fresh, params, state=state)
+    _assert_same((per[0].pipeline, per[1]), infinite,
+                 ("loss", "success_rate", "replay/loss", "replay/kl_k3", "replay/age_mean",
+                  "replay/importance_weight_mean"))
+    assert np.all(infinite[1]["age_decay_tau"] == np.inf)
+    assert np.all(per[1]["replay/updates"][:, 1:] == 1)
+    assert per[1]["replay/age_mean"][:, -1].max() > 0  # older batches were replayed
+
+
+def test_replayed_samples_carry_their_behaviour_logprobs_and_versions(params):
+    fresh = METHODS["freshper"]
+    state = rt.init_state(CONFIG, experiment.SYNC, fresh, params, ENV)
+    keys = jax.random.split(KEY, SEEDS)
+    # the fresh batch of iteration 0, as the pipeline builds it
+    prepared = jax.jit(lambda s, k: ap.prepare(s, k, config=CONFIG, async_config=experiment.SYNC,
+                                               env=ENV, model_config=MODEL))(
+        state.pipeline, jax.random.fold_in(keys[0], 0))
+    final, history = _run(fresh, params)
+    b = CONFIG.batch_size
+    stored = jax.tree_util.tree_map(lambda x: np.asarray(x[0, :b]), final.replay.experience)
+    batch = prepared.batch
+    np.testing.assert_array_equal(stored["tokens"], batch.tokens)
+    np.testing.assert_array_equal(stored["behavior_logprobs"], batch.behavior_logprobs)
+    np.testing.assert_array_equal(stored["old_logprobs"], batch.old_logprobs)
+    np.testing.assert_array_equal(stored["version"][stored["action_mask"]], 0)
+    stored_count = SCALE.iterations * b
+    assert int(final.replay.num_valid[0]) == stored_count
+    np.testing.assert_array_equal(np.asarray(final.replay.insert_version[0, :stored_count]),
+                                  np.repeat(np.arange(SCALE.iterations), b))
+    # the learner moved after those updates, yet the stored reference did not
+    assert history["replay/kl_k3"][0, -1] > 0
+    sample = jax.tree_util.tree_map(lambda x: x[:4], stored)
+    rebuilt = rt.replay_batch(sample, jnp.full((4,), 0.5), config=CONFIG, replay_config=fresh)
+    np.testing.assert_array_equal(rebuilt.behavior_logprobs, sample["behavior_logprobs"])
+    np.testing.assert_array_equal(rebuilt.old_logprobs, sample["old_logprobs"])
+
+
+def test_interrupted_run_resumes_exactly(params, tmp_path):
+    fresh = METHODS["freshper"]
+    full = _run(fresh, params)
+    checkpointer = RunCheckpointer(tmp_path / "run", fingerprint="ci")
+    _run(fresh, params, iterations=SCALE.iterations, checkpointer=checkpointer,
+         checkpoint_every=1)
+    assert checkpointer.steps() == [SCALE.iterations - 1, SCALE.iterations]
+    # drop the last checkpoint: the restart resumes from iteration n − 1
+    shutil.rmtree(tmp_path / "run" / str(SCALE.iterations))
+    resumed = _run(fresh, params, checkpointer=RunCheckpointer(tmp_path / "run",
+                                                               fingerprint="ci"))
+    for name in ("loss", "success_rate", "replay/loss", "buffer_size"):
+        np.testing.assert_array_equal(full[1][name], resumed[1][name], err_msg=name)
+    for a, b in zip(jax.tree_util.tree_leaves(full[0]), jax.tree_util.tree_leaves(resumed[0])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# --------------------------------------------------------------------------- ci experiment
+
+
+@pytest.fixture(scope="module")
+def ci_run(tmp_path_factory, params):
+    return experiment.main(["--scale", "ci", "--out", str(tmp_path_factory.mktemp("ci"))])
+
+
+def test_ci_experiment_writes_results(ci_run):
+    for name in ("curves.csv", "final.csv", "ess_vs_age.csv", "ess_fit.csv", "config.json",
+                 "learning_curves.png", "ess_vs_age.png", "runs/arithmetic_freshper.npz"):
+        assert os.path.exists(os.path.join(ci_run, name)), name
+    with open(os.path.join(ci_run, "final.csv")) as f:
+        final = {row["method"]: row for row in csv.DictReader(f)}
+    assert set(final) == {"on_policy", "per", "freshper"}
+    assert float(final["on_policy"]["replay_age_mean"]) == 0.0
+    assert float(final["per"]["replay_age_mean"]) > 0.0
+    assert float(final["freshper"]["age_decay_tau"]) == pytest.approx(4.0)
+    with open(os.path.join(ci_run, "ess_vs_age.csv")) as f:
+        ess = list(csv.DictReader(f))
+    assert all(0.0 < float(r["ess_fraction"]) <= 1.0 + 1e-6 for r in ess)
+    assert {int(r["age"]) for r in ess} == set(range(SCALE.iterations))
