@@ -148,9 +148,9 @@ def run_method(scale: Scale, task: str, method: str, replay_config, params, mode
         scale.rl, SYNC, replay_config, None, scale.iterations, params=params, env=env,
         model_config=model_config, num_seeds=len(rows), seed_keys=seed_keys, state=state,
         checkpointer=checkpointer, checkpoint_every=5)
-    drift = jax.jit(jax.vmap(lambda p, r: rt.drift_by_age(
-        p, r, config=scale.rl, model_config=model_config, now=r.latest_version)))(
-        state.pipeline.train.params, state.replay)
+    drift = jax.jit(jax.vmap(lambda p, r, now: rt.drift_by_age(
+        p, r, config=scale.rl, model_config=model_config, now=now)))(
+        state.pipeline.train.params, state.replay, state.pipeline.ring.latest_version)
     drift = {k: np.asarray(v) for k, v in drift.items()}
     log(f"{task}/{method}: {time.time() - start:.0f} s, final success "
         f"{history['success_rate'][:, -max(1, scale.iterations // 3):].mean():.3f}")
@@ -158,7 +158,8 @@ def run_method(scale: Scale, task: str, method: str, replay_config, params, mode
 
 
 def ess_by_age(drift: dict, row_mask) -> list[dict]:
-    """Token ESS/n and mean KL of the stored trajectories grouped by age (pooled rows)."""
+    """Token ESS/n and token-weighted KL (k1, k3) of the stored trajectories grouped by age
+    (pooled over the rows in ``row_mask``)."""
     valid = drift["valid"] & row_mask[:, None]
     out = []
     for age in np.unique(drift["age"][valid]):
@@ -167,7 +168,8 @@ def ess_by_age(drift: dict, row_mask) -> list[dict]:
             drift["tokens"][sel].sum()
         out.append({"age": int(age), "trajectories": int(sel.sum()), "tokens": int(n),
                     "ess_fraction": float(s * s / max(n * s2, 1e-30)),
-                    "kl_k3": float(np.average(drift["kl_k3"][sel], weights=drift["tokens"][sel]))})
+                    **{k: float(np.average(drift[k][sel], weights=drift["tokens"][sel]))
+                       for k in ("kl_k1", "kl_k3")}})
     return out
 
 

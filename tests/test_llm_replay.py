@@ -196,4 +196,5 @@ def test_ci_experiment_writes_results(ci_run):
     with open(os.path.join(ci_run, "ess_vs_age.csv")) as f:
         ess = list(csv.DictReader(f))
     assert all(0.0 < float(r["ess_fraction"]) <= 1.0 + 1e-6 for r in ess)
-    assert {int(r["age"]) for r in ess} == set(range(SCALE.iterations))
+    # ages count from the learner's version: the newest batch is 1 version old
+    assert {int(r["age"]) for r in ess} == set(range(1, SCALE.iterations + 1))

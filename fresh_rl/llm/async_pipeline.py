@@ -31,13 +31,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from typing import Any, Optional
 
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from fresh_rl.corrections import (EWMAConfig, EWMAReference, ewma_beta_from_staleness,
                                   ewma_update, init_ewma_reference, version_lag_statistics)
@@ -49,7 +47,7 @@ from fresh_rl.llm.rollout import Episodes, right_to_left_padded, run_episodes, w
 from fresh_rl.llm.sampler import generate, join_prompt_and_generation
 from fresh_rl.llm.trainer import (Batch, RLConfig, TrainState, batch_metrics, cached_build,
                                   group_reset_keys, init_train_state, prepare_batch,
-                                  sampling_config, update)
+                                  run_loop, sampling_config, update)
 from fresh_rl.validation import require_choice, require_in_range, require_int
 
 LAG_KINDS = ("fixed", "uniform")
@@ -358,36 +356,25 @@ def make_iteration(config: RLConfig, async_config: AsyncConfig, env, model_confi
 
 def train_loop(config: RLConfig, async_config: AsyncConfig, key, num_iterations: int, *,
                params, env, model_config: Qwen2Config, num_seeds: Optional[int] = None,
-               window: Optional[int] = None, state: Optional[AsyncState] = None, log=None):
+               window: Optional[int] = None, state: Optional[AsyncState] = None, log=None,
+               checkpointer=None, checkpoint_every: int = 10):
     """Runs ``num_iterations`` iterations from ``params`` with window ``window`` (default W;
     see :func:`init_state`), or from ``state``.
 
     Iteration i uses ``fold_in(key, i)`` (as :func:`fresh_rl.llm.trainer.train_loop`). With
     ``num_seeds`` = S, seed s uses ``split(key, S)[s]`` in place of ``key``, all seeds start
     from ``params`` and run vmapped; ``history[name]`` is then ``[S, num_iterations]``
-    (else ``[num_iterations]``); ``wall_seconds`` is the wall time of each iteration (the
-    first includes compilation). ``log(i, metrics)`` is called after each iteration.
+    (else ``[num_iterations]``). History, logging and checkpoint/resume:
+    :func:`fresh_rl.llm.trainer.run_loop`.
     """
-    require_int("num_iterations", num_iterations, 1)
     step_fn = make_iteration(config, async_config, env, model_config, num_seeds)
     if state is None:
         state = init_state(config, async_config, params, window)
         if num_seeds is not None:
             state = jax.tree_util.tree_map(lambda x: jnp.stack([x] * num_seeds), state)
     keys = key if num_seeds is None else jax.random.split(key, num_seeds)
-    fold = jax.random.fold_in if num_seeds is None else jax.vmap(jax.random.fold_in,
-                                                                 in_axes=(0, None))
-    rows = []
-    for i in range(num_iterations):
-        start = time.perf_counter()
-        state, metrics = step_fn(state, fold(keys, i))
-        metrics = {k: np.asarray(v, np.float64) for k, v in jax.device_get(metrics).items()}
-        metrics["wall_seconds"] = np.full(np.shape(metrics["loss"]), time.perf_counter() - start)
-        rows.append(metrics)
-        if log is not None:
-            log(i, metrics)
-    history = {k: np.stack([row[k] for row in rows], axis=-1) for k in rows[0]}
-    return state, history
+    return run_loop(step_fn, state, keys, num_iterations, vmapped=num_seeds is not None,
+                    checkpointer=checkpointer, checkpoint_every=checkpoint_every, log=log)
 
 
 def route_costs(async_config: AsyncConfig, params: Any,

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from typing import Optional
 
 import flax.struct
@@ -50,12 +49,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fresh_rl.corrections import approx_kl
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm import old_logits as routes
 from fresh_rl.llm.model import Qwen2Config
 from fresh_rl.llm.sampler import token_logprobs_and_entropy
-from fresh_rl.llm.trainer import (Batch, RLConfig, cached_build,
-                                  compute_advantages, update)
+from fresh_rl.llm.trainer import (Batch, RLConfig, cached_build, compute_advantages,
+                                  run_loop, update)
 from fresh_rl.replay import ReplayConfig, ReplayState, make_trajectory_buffer
 from fresh_rl.validation import require_choice, require_in_range, require_int
 
@@ -354,60 +354,25 @@ def train_loop(config: RLConfig, async_config: ap.AsyncConfig, replay_config: LL
                num_seeds: Optional[int] = None, seed_keys=None, window: Optional[int] = None,
                state: Optional[ReplayLoopState] = None, checkpointer=None,
                checkpoint_every: int = 10, log=None):
-    """Runs iterations up to ``num_iterations`` (counted from 0, so a resumed run does only
-    the rest); keys and the history layout as :func:`fresh_rl.llm.async_pipeline.train_loop`:
-    iteration i uses ``fold_in(key, i)``; with ``num_seeds`` = S row s uses
+    """Runs iterations up to ``num_iterations``, counted from ``state.iteration`` (0 for a new
+    run); iteration i uses ``fold_in(key, i)``; with ``num_seeds`` = S row s uses
     ``fold_in(seed_keys[s], i)``, ``seed_keys`` defaulting to ``split(key, S)`` (pass it to give
-    several rows the same seed, e.g. a τ ablation started from ``state`` with per-row τ).
-
-    ``checkpointer`` (a :class:`fresh_rl.sweep.checkpoint.RunCheckpointer`): the whole state
-    (params, optimizer, buffer, version ring, EWMA reference, iteration counter, drift
-    estimate) and the history so far are saved every ``checkpoint_every`` iterations and at
-    the end; a restart restores the newest checkpoint and continues with the same keys, so
-    the result equals an uninterrupted run's. Returns ``(state, history)``, ``history[name]``
-    a float32 ``[num_iterations]`` (``[S, num_iterations]`` with seeds).
+    several rows the same seed, e.g. a τ ablation started from ``state`` with per-row τ; see
+    :func:`set_initial_tau`). History, logging and checkpoint/resume (the whole state: params,
+    optimizer, buffer, version ring, EWMA reference, counters, drift estimate):
+    :func:`fresh_rl.llm.trainer.run_loop`.
     """
-    require_int("num_iterations", num_iterations, 1)
-    require_int("checkpoint_every", checkpoint_every, 1)
     step_fn = make_iteration(config, async_config, replay_config, env, model_config, num_seeds)
     if state is None:
         state = init_state(config, async_config, replay_config, params, env, window)
         if num_seeds is not None:
             state = jax.tree_util.tree_map(lambda x: jnp.stack([x] * num_seeds), state)
-    if num_seeds is None:
-        keys, fold = key, jax.random.fold_in
-    else:
+    keys = key
+    if num_seeds is not None:
         keys = jax.random.split(key, num_seeds) if seed_keys is None else seed_keys
-        fold = jax.vmap(jax.random.fold_in, in_axes=(0, None))
-    history = None
-    if checkpointer is not None:
-        abstract_state = jax.eval_shape(lambda: state)
-        metric_shapes = jax.eval_shape(step_fn, abstract_state, fold(keys, 0))[1]
-        abstract_history = {
-            name: jax.ShapeDtypeStruct(tuple(s.shape) + (num_iterations,), np.float32)
-            for name, s in {**metric_shapes, "wall_seconds": metric_shapes["loss"]}.items()}
-        restored = checkpointer.restore_latest({"state": abstract_state,
-                                                "history": abstract_history})
-        if restored is not None:
-            state, history = restored[1]["state"], {
-                name: np.array(v) for name, v in restored[1]["history"].items()}
-    first = int(np.asarray(state.iteration).reshape(-1)[0])
-    for i in range(first, num_iterations):
-        start = time.perf_counter()
-        state, metrics = step_fn(state, fold(keys, i))
-        metrics = {k: np.asarray(v, np.float64) for k, v in jax.device_get(metrics).items()}
-        metrics["wall_seconds"] = np.full(np.shape(metrics["loss"]), time.perf_counter() - start)
-        if history is None:
-            history = {k: np.zeros(np.shape(v) + (num_iterations,), np.float32)
-                       for k, v in metrics.items()}
-        for name, value in metrics.items():
-            history[name][..., i] = value
-        if log is not None:
-            log(i, metrics)
-        if checkpointer is not None and ((i + 1) % checkpoint_every == 0
-                                         or i + 1 == num_iterations):
-            checkpointer.save(i + 1, {"state": state, "history": history})
-    return state, history
+    return run_loop(step_fn, state, keys, num_iterations, vmapped=num_seeds is not None,
+                    first=int(np.asarray(state.iteration).reshape(-1)[0]),
+                    checkpointer=checkpointer, checkpoint_every=checkpoint_every, log=log)
 
 
 def set_initial_tau(state: ReplayLoopState, replay_config: LLMReplayConfig,
@@ -415,32 +380,34 @@ def set_initial_tau(state: ReplayLoopState, replay_config: LLMReplayConfig,
     """Stacks ``state`` (unbatched) once per τ in ``taus`` with that τ in the buffer: one
     compiled FreshPER program then runs a τ ablation (τ is a state leaf of the buffer)."""
     buffer = make_trajectory_buffer(replay_config.buffer_config(batch_size))
-    return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[
+    stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[
         state.replace(replay=buffer.set_age_decay_tau(state.replay, tau)) for tau in taus])
+    # committed like init_state's leaves, so the run reuses the compiled iteration
+    leaf = jax.tree_util.tree_leaves(state.pipeline.train.params)[0]
+    return jax.device_put(stacked, getattr(leaf, "sharding", None) or jax.devices()[0])
 
 
 def drift_by_age(params, replay: ReplayState, *, config: RLConfig, model_config: Qwen2Config,
                  now) -> dict[str, jax.Array]:
-    """Per stored trajectory (``[C]``, invalid slots masked by ``valid``): its age
-    ``now − t_i`` and, over its action tokens, the token-level ``kl_k3`` of
-    r = π_θ/π_old (the learner ``params`` against the stored behaviour policy), the mean
-    log-ratio and the weights' sums Σr and Σr² (token ESS of any group of trajectories is
-    (Σ Σr)² / (n · Σ Σr²)). One fp32 forward over the whole buffer (papers/freshper.md §2:
-    ESS/n ≈ exp(−c·KL), KL growing with age)."""
+    """Per stored trajectory (``[C]``; ``valid`` marks the stored ones): its age
+    ``now − t_i`` (``now``: the learner's version, i.e. the iterations done) and, over its
+    action tokens, KL(π_old ‖ π_θ) estimates (``kl_k1``, ``kl_k3`` of
+    :func:`fresh_rl.corrections.approx_kl`, r = π_θ/π_old against the stored behaviour
+    policy), and the weight sums Σr, Σr² and token count (token ESS of any group of
+    trajectories: (Σ Σr)² / (n · Σ Σr²)). One fp32 forward over the whole buffer
+    (papers/freshper.md §2: ESS/n ≈ exp(−c·KL), KL growing with age)."""
     experience = replay.experience
     logp, _ = token_logprobs_and_entropy(params, model_config, experience["tokens"],
                                          experience["mask"], temperature=config.temperature)
     mask = experience["action_mask"] & replay.valid[:, None]
     log_ratio = jnp.where(mask, logp - experience["old_logprobs"], 0.0)
     ratio = jnp.where(mask, jnp.exp(log_ratio), 0.0)
-    weight = mask.astype(jnp.float32)
-    count = jnp.maximum(weight.sum(axis=1), 1.0)
-    k3 = jnp.where(mask, jnp.exp(-log_ratio) - 1.0 + log_ratio, 0.0)
+    kl = jax.vmap(approx_kl)(log_ratio, mask)
     return {"valid": replay.valid & mask.any(axis=1),
             "age": (now - replay.insert_version).astype(jnp.float32),
-            "kl_k3": k3.sum(axis=1) / count, "log_ratio_mean": log_ratio.sum(axis=1) / count,
+            "kl_k1": kl["kl_k1"], "kl_k3": kl["kl_k3"],
             "ratio_sum": ratio.sum(axis=1), "ratio_sq_sum": jnp.square(ratio).sum(axis=1),
-            "tokens": weight.sum(axis=1)}
+            "tokens": mask.sum(axis=1).astype(jnp.float32)}
 
 
 __all__ = ["LLMReplayConfig", "REPLAY_METRICS", "ReplayLoopState", "base_priority",

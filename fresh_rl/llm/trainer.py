@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Any, Optional
 
 import flax.struct
@@ -358,32 +359,72 @@ def make_iteration(config: RLConfig, env, model_config: Qwen2Config):
                                      model_config=model_config)))
 
 
-def train_loop(config: RLConfig, key, num_iterations: int, *, params, env,
-               model_config: Qwen2Config, state: Optional[TrainState] = None,
-               log=None):
-    """Runs ``num_iterations`` iterations from ``params`` (or ``state``).
+def run_loop(step_fn, state, keys, num_iterations: int, *, vmapped: bool = False,
+             first: int = 0, checkpointer=None, checkpoint_every: int = 10, log=None):
+    """The host loop of every LLM trainer: iteration i (for i in [first, num_iterations))
+    calls ``step_fn(state, fold_in(keys, i))`` (``keys`` ``[S, 2]`` folded row-wise when
+    ``vmapped``), so a run is a deterministic function of its keys.
 
-    Iteration i uses ``fold_in(key, i)``, so the result is a deterministic function of the
-    key. Returns ``(state, history)`` with ``history[name]`` a NumPy array ``[num_iterations]``.
-    ``log(i, metrics)`` is called after each iteration if given.
+    Returns ``(state, history)``: ``history[name]`` float32 ``[num_iterations]`` (``[S, n]``
+    vmapped) of every metric plus ``wall_seconds`` (the first includes compilation); rows
+    before ``first`` stay 0 unless restored. ``log(i, metrics)`` runs after each iteration.
+    ``checkpointer`` (:class:`fresh_rl.sweep.checkpoint.RunCheckpointer`): the state (every
+    leaf: params, optimizer, buffers, rings, counters) and the history are saved every
+    ``checkpoint_every`` iterations and at the end; when one exists the newest is restored
+    first and the loop continues after it with the same keys, so the result equals an
+    uninterrupted run's.
     """
     if not isinstance(num_iterations, int) or num_iterations < 1:
         raise ValueError(f"num_iterations must be an integer >= 1, got {num_iterations!r}")
-    step_fn = make_iteration(config, env, model_config)
-    state = init_train_state(config, params) if state is None else state
-    rows = []
-    for i in range(num_iterations):
-        state, metrics = step_fn(state, jax.random.fold_in(key, i))
-        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
-        rows.append(metrics)
+    if not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
+    fold = jax.vmap(jax.random.fold_in, in_axes=(0, None)) if vmapped else jax.random.fold_in
+    history = None
+    if checkpointer is not None:
+        abstract_state = jax.eval_shape(lambda: state)
+        shapes = jax.eval_shape(step_fn, abstract_state, fold(keys, 0))[1]
+        abstract_history = {
+            name: jax.ShapeDtypeStruct(tuple(s.shape) + (num_iterations,), np.float32)
+            for name, s in {**shapes, "wall_seconds": shapes["loss"]}.items()}
+        restored = checkpointer.restore_latest({"state": abstract_state,
+                                                "history": abstract_history})
+        if restored is not None:
+            first, tree = restored
+            state = tree["state"]
+            history = {name: np.array(v) for name, v in tree["history"].items()}
+    for i in range(first, num_iterations):
+        start = time.perf_counter()
+        state, metrics = step_fn(state, fold(keys, i))
+        metrics = {k: np.asarray(v, np.float32) for k, v in jax.device_get(metrics).items()}
+        metrics["wall_seconds"] = np.full(np.shape(metrics["loss"]), time.perf_counter() - start,
+                                          np.float32)
+        if history is None:
+            history = {k: np.zeros(np.shape(v) + (num_iterations,), np.float32)
+                       for k, v in metrics.items()}
+        for name, value in metrics.items():
+            history[name][..., i] = value
         if log is not None:
             log(i, metrics)
-    history = {k: np.asarray([row[k] for row in rows]) for k in rows[0]}
+        if checkpointer is not None and ((i + 1) % checkpoint_every == 0
+                                         or i + 1 == num_iterations):
+            checkpointer.save(i + 1, {"state": state, "history": history})
     return state, history
 
 
+def train_loop(config: RLConfig, key, num_iterations: int, *, params, env,
+               model_config: Qwen2Config, state: Optional[TrainState] = None,
+               log=None, checkpointer=None, checkpoint_every: int = 10):
+    """Runs ``num_iterations`` iterations from ``params`` (or ``state``); iteration i uses
+    ``fold_in(key, i)`` (:func:`run_loop`, which also documents the history and the
+    checkpoint/resume). Returns ``(state, history)``."""
+    step_fn = make_iteration(config, env, model_config)
+    state = init_train_state(config, params) if state is None else state
+    return run_loop(step_fn, state, key, num_iterations, checkpointer=checkpointer,
+                    checkpoint_every=checkpoint_every, log=log)
+
+
 __all__ = ["Batch", "PROXIMAL_PROXIES", "RLConfig", "TrainState", "batch_metrics",
-           "cached_build", "collect",
-           "compute_advantages", "group_prompt_match", "group_reset_keys", "init_train_state", "iteration",
-           "make_iteration", "make_optimizer", "policy_loss", "prepare_batch",
+           "cached_build", "collect", "compute_advantages", "group_prompt_match",
+           "group_reset_keys", "init_train_state", "iteration",
+           "make_iteration", "make_optimizer", "policy_loss", "prepare_batch", "run_loop",
            "sampling_config", "train_loop", "update"]

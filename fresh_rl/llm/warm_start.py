@@ -3,8 +3,9 @@
 Loss = mean over action tokens of -log pi_theta(token | transcript prefix) (float32 training
 forward; observations are context only). Every step draws new expert episodes, so there is no
 fixed dataset to overfit. Training cycles through the tasks (one task per step), producing one
-model for all tasks (a `cycle` can weight the tasks). Evaluation samples with the bf16 inference engine at temperature 1 (the
-RL behaviour policy) and reports the task's verifiable success rate.
+model for all tasks (a `cycle` can weight the tasks). Evaluation samples with the bf16
+inference engine at temperature 1 (the RL behaviour policy) and reports the task's verifiable
+success rate.
 """
 from __future__ import annotations
 
