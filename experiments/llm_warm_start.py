@@ -14,8 +14,8 @@ continues from the multi-task checkpoint on the arithmetic task alone (SPECIALIZ
 behaviour cloning, each a fresh warmup + cosine cycle) and writes
 results/llm_warm_start_arithmetic/ (checkpoint, success.csv with the success at temperature 1
 and greedy after every round, history.csv, README.md). The multi-task model answers 2–5% of
-the arithmetic prompts, too few for a short RL run to move (results/old_logits/README.md);
-the specialised one gives RL a signal.
+the arithmetic prompts; the specialised one answers about a fifth, the starting point of the
+RL learning-rate probe (experiments/llm_rl_probe.py).
 """
 from __future__ import annotations
 
@@ -191,8 +191,9 @@ time, bf16 sampler.
 |---|---|---|---|
 {table}
 
-Used by the ci and cpu scales of experiments/old_logits.py, whose RL runs need a model that
-answers some of the prompts. Parameters: checkpoint/ (restore with
+The starting point of the RL learning-rate probe (experiments/llm_rl_probe.py;
+results/old_logits/README.md): does RL improve arithmetic from a model that already answers a
+fifth of the prompts? Parameters: checkpoint/ (restore with
 `fresh_rl.llm.warm_start.restore_params(path, preset("tiny"))`).
 """)
     print(f"wrote {out} in {wall:.0f} s")

@@ -9,6 +9,8 @@ every staleness window W, seeds run one after another through the same compiled 
 Writes to --out (default results/old_logits, or results/old_logits_ci for ci):
 
   runs/<route>_W<w>[_partial]_seed<s>.csv  per-iteration metrics of one run
+  checkpoints/<run>/  orbax checkpoints of the whole pipeline state every 4 iterations
+                  (a killed run resumes there; --resume also skips finished runs)
   curves.csv      mean and 95% seed-bootstrap interval per (route, W, step) of success rate,
                   active-token fraction and mean |log r_d|
   summary.csv     per (route, W): final success (last third of the iterations), mean
@@ -45,6 +47,7 @@ from fresh_rl.llm.model import preset  # noqa: E402
 from fresh_rl.llm.old_logits import ROUTES  # noqa: E402
 from fresh_rl.llm.tasks import ArithmeticTask  # noqa: E402
 from fresh_rl.llm.trainer import RLConfig, collect  # noqa: E402
+from fresh_rl.sweep.checkpoint import RunCheckpointer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WARM_START = os.path.join(ROOT, "results", "llm_warm_start", "checkpoint")
@@ -137,11 +140,15 @@ def write_csv(path: str, rows: list[dict]) -> None:
 def run_one(scale: Scale, route: str, window: int, partial: bool, seed: int, iterations: int,
             params, model_config, out: str):
     """One run at window ``window``; writes its CSV and returns ``(history, final_params)``.
-    The ring holds max(windows) + 1 versions for every run, so each route compiles once."""
+    The ring holds max(windows) + 1 versions for every run, so each route compiles once. An
+    interrupted run resumes from its newest checkpoint in ``out/checkpoints/<run>``."""
     async_config = async_config_for(scale, route, partial)
+    name = run_name(route, window, partial, seed)
+    checkpointer = RunCheckpointer(os.path.join(out, "checkpoints", name),
+                                   fingerprint=repr((scale, name, iterations)))
     state, history = ap.train_loop(scale.rl, async_config, jax.random.PRNGKey(seed), iterations,
                                    params=params, env=scale.env, model_config=model_config,
-                                   window=window)
+                                   window=window, checkpointer=checkpointer, checkpoint_every=4)
     rows = [{"step": i, **{k: float(v[i]) for k, v in history.items()}}
             for i in range(iterations)]
     write_csv(os.path.join(out, "runs", run_name(route, window, partial, seed) + ".csv"), rows)

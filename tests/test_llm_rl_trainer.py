@@ -1,5 +1,6 @@
 """LLM policy-gradient trainer: config checks, grouping, loss / update invariants, and a short
 deterministic RL run from the committed warm-start checkpoint (tiny preset, arithmetic)."""
+import dataclasses
 import math
 import os
 
@@ -11,6 +12,7 @@ import pytest
 from fresh_rl.corrections import MISConfig
 from fresh_rl.llm.model import preset
 from fresh_rl.llm.rollout import expert_policy, run_episodes
+from fresh_rl.llm.sampler import token_logprobs_and_entropy
 from fresh_rl.llm.tasks import ArithmeticTask, FrozenLakeTask
 from fresh_rl.llm.trainer import (Batch, RLConfig, group_prompt_match, group_reset_keys,
                                   init_train_state, train_loop, update)
@@ -122,6 +124,26 @@ def test_zero_advantages_zero_gradient_and_no_change(params, expert_batch):
     assert int(new.step) == 1
     for a, b in zip(_leaves(state.params), _leaves(new.params)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_update_raises_positive_and_lowers_negative_advantage_sequences(params, expert_batch):
+    """The policy-gradient direction: a small step raises the surrogate Σ_i A_i log π(y_i),
+    i.e. moves probability towards the A > 0 sequences (to first order this holds for any
+    sign-preserving optimizer step, Adam's first step included)."""
+    _, batch = expert_batch
+    logp = lambda p: np.asarray(  # noqa: E731
+        (token_logprobs_and_entropy(p, MODEL, batch.tokens, batch.mask)[0]
+         * batch.action_mask).sum(axis=1))
+    before = logp(params)
+    current = jnp.where(batch.action_mask, jnp.asarray(
+        token_logprobs_and_entropy(params, MODEL, batch.tokens, batch.mask)[0]), 0.0)
+    batch = batch.replace(behavior_logprobs=current, old_logprobs=current)
+    small = dataclasses.replace(CONFIG, learning_rate=1e-6)
+    new, _ = _update(init_train_state(small, params), batch, jax.random.PRNGKey(0), small)
+    change = logp(new.params) - before
+    adv = np.asarray(batch.advantages.sum(axis=1) / batch.action_mask.sum(axis=1))
+    assert np.sum(adv * change) > 0, (change, adv)
+    assert np.abs(change).max() < 1.0  # a small step at lr 1e-6
 
 
 def test_masked_tokens_do_not_change_the_update(params, expert_batch):
