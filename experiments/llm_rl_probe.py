@@ -6,7 +6,8 @@
 Runs the ci scale of experiments/old_logits.py (GRPO, 8 prompts × 8 rollouts, the snapshot
 route at staleness window 1) from ``--checkpoint`` with the given learning rate and number of
 updates per batch, then scores the warm start and the final policy on the same 256 held-out
-prompts (bf16 sampler, temperature 1). Appends one row to ``--out``.
+prompts (bf16 sampler, temperature 1; ``--eval-episodes`` for more). Appends one row to
+``--out``.
 """
 from __future__ import annotations
 
@@ -36,11 +37,14 @@ def main(argv=None):
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--minibatches", type=int, default=1)
+    parser.add_argument("--eval-episodes", type=int, default=None,
+                        help="held-out prompts (default: the ci scale's 256)")
     parser.add_argument("--out", default=None, help="CSV to append the result row to")
     args = parser.parse_args(argv)
     base = old_logits.SCALES["ci"]
     scale = dataclasses.replace(base, rl=dataclasses.replace(
-        base.rl, learning_rate=args.lr, epochs=args.epochs, minibatches=args.minibatches))
+        base.rl, learning_rate=args.lr, epochs=args.epochs, minibatches=args.minibatches),
+        eval_episodes=args.eval_episodes or base.eval_episodes)
     model_config = preset("tiny")
     params = restore_params(args.checkpoint, model_config)
     start = time.time()
@@ -51,7 +55,7 @@ def main(argv=None):
     key = jax.random.PRNGKey(10_000)  # the held-out prompts of experiments/old_logits.py
     row = {"checkpoint": args.checkpoint, "learning_rate": args.lr,
            "iterations": args.iterations, "epochs": args.epochs,
-           "minibatches": args.minibatches,
+           "minibatches": args.minibatches, "eval_episodes": scale.eval_episodes,
            "heldout_success_before": float(jnp.mean(evaluate(params, key))),
            "heldout_success_after": float(jnp.mean(evaluate(state.train.params, key))),
            "train_success_first_third": float(history["success_rate"][:args.iterations // 3

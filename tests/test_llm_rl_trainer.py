@@ -192,7 +192,7 @@ def short_run(params):
 def test_short_run_is_deterministic(short_run):
     (s1, h1), (s2, h2), _ = short_run
     assert set(h1) == set(h2)
-    for k in h1:
+    for k in set(h1) - {"wall_seconds"}:  # everything but the clock
         np.testing.assert_array_equal(h1[k], h2[k], err_msg=k)
     for a, b in zip(_leaves(s1.params), _leaves(s2.params)):
         np.testing.assert_array_equal(a, b)
