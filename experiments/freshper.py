@@ -226,6 +226,11 @@ def summarise(results: dict, scale: Scale):
         ess_rows += [{"task": task, "method": method, **p} for p in points]
         if points:
             fits.append({"task": task, "method": method, **fit_decay(points)})
+    if scale.taus:  # τ = ∞ is standard PER exactly (tests/test_llm_replay.py): its rows
+        taus += [{"task": r["task"], "tau": math.inf, "metric": metric, "mean": r[metric],
+                  "low": r[f"{metric}_low"], "high": r[f"{metric}_high"]}
+                 for r in final if r["method"] == "per"
+                 for metric in ("success_rate", "mean_return")]
     for row in final:
         base = next((r for r in final if r["task"] == row["task"]
                      and r["method"] == "on_policy"), None)
@@ -245,7 +250,7 @@ def plot(curves, taus, ess_rows, scale: Scale, out: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tasks = scale.tasks
+    tasks = [t for t in scale.tasks if any(r["task"] == t for r in curves)]
     fig, axes = plt.subplots(2, len(tasks), squeeze=False, figsize=(3.8 * len(tasks), 5.6))
     for j, task in enumerate(tasks):
         for i, metric in enumerate(("success_rate", "mean_return")):
