@@ -25,7 +25,6 @@ Writes to --out (default results/freshper, or results/freshper_ci for ci):
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import json
 import math
@@ -38,26 +37,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from fresh_rl.eval import seed_interval  # noqa: E402
 from fresh_rl.llm import async_pipeline as ap  # noqa: E402
 from fresh_rl.llm import replay_trainer as rt  # noqa: E402
-from fresh_rl.llm.model import preset  # noqa: E402
-from fresh_rl.llm.tasks import ArithmeticTask, FrozenLakeTask, SearchQATask, SokobanTask  # noqa: E402
 from fresh_rl.llm.trainer import RLConfig  # noqa: E402
 from fresh_rl.sweep.checkpoint import RunCheckpointer  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WARM_START = os.path.join(ROOT, "results", "llm_warm_start", "checkpoint")
-# The warm start's task settings (experiments/llm_warm_start.py).
-TASKS = {
-    "arithmetic": ArithmeticTask(digits=1, steps=2),
-    "frozenlake": FrozenLakeTask(size=4, hole_prob=0.3, max_turns=8),
-    "sokoban": SokobanTask(size=5, num_boxes=1, reverse_steps=6, max_turns=6),
-    "search_qa": SearchQATask(num_entities=4, num_relations=1, max_turns=3, tool_cost=0.05,
-                              name_pool=32),
-}
+from llm_warm_start import TASKS  # noqa: E402  (the warm start's task settings)
+from old_logits import ROOT, load_params, write_csv  # noqa: E402
+from old_logits import WARM_START  # noqa: E402, F401  (used by the tests and notebook 4)
 # REINFORCE++ as the paper (batch normalisation, whitening, clip 2 as ROLL's
 # example_reinforce_pp.yaml; the FreshPER configs' clip of 0.2 is not known to be the paper's).
 # lr 3e-5: Adam's steps have size ≈ lr per weight whatever the gradient's scale, and on the
@@ -106,24 +96,6 @@ SCALES = {
                    taus=(100.0, 250.0, 500.0, 1000.0, math.inf), seeds=5, iterations=300,
                    model="qwen2.5-0.5b"),
 }
-
-
-def load_params(scale: Scale, checkpoint: str | None):
-    if scale.model == "tiny":
-        from fresh_rl.llm.warm_start import restore_params
-        return preset("tiny"), restore_params(checkpoint or WARM_START, preset("tiny"))
-    if checkpoint is None:
-        raise ValueError(f"--checkpoint (a Hugging Face model folder) is required for the "
-                         f"{scale.model} preset")
-    from fresh_rl.llm.checkpoint import load_hf_checkpoint
-    return load_hf_checkpoint(checkpoint)
-
-
-def write_csv(path: str, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def run_rows(scale: Scale, method: str) -> list[tuple[float, int]]:
