@@ -60,7 +60,9 @@ SYNC = ap.AsyncConfig(staleness_window=0, old_logit_route="snapshot")
 
 @dataclasses.dataclass(frozen=True)
 class Scale:
-    """``methods``: name → replay settings; ``taus``: the τ ablation rows of "freshper"."""
+    """``methods``: name → replay settings; ``taus``: the τ ablation rows of "freshper" on
+    the ``tau_ablation_tasks`` (None: every task); ``task_methods``: the methods run on a
+    task (None: all)."""
 
     rl: RLConfig
     tasks: tuple[str, ...]
@@ -69,6 +71,16 @@ class Scale:
     seeds: int
     iterations: int
     model: str = "tiny"
+    tau_ablation_tasks: tuple[str, ...] | None = None
+    task_methods: dict[str, tuple[str, ...]] | None = None
+
+    def ablates_tau(self, task: str, method: str) -> bool:
+        return bool(method == "freshper" and self.taus and (
+            self.tau_ablation_tasks is None or task in self.tau_ablation_tasks))
+
+    def runs(self, task: str, method: str) -> bool:
+        return self.task_methods is None or method in self.task_methods.get(
+            task, tuple(dict(self.methods)))
 
 
 def methods_for(tau: float, replay_updates: int, capacity: int):
@@ -87,9 +99,13 @@ SCALES = {
                 methods=methods_for(tau=4.0, replay_updates=1, capacity=32)[:3],
                 taus=(), seeds=2, iterations=3),
     # τ = ∞ is standard PER exactly (tests/test_llm_replay.py), so the "per" rows stand for it.
+    # The 2-core budget: the τ, IS and auto-τ ablations on sokoban only (the τ ablation alone
+    # is 4 × the cost of a method); the headline three methods on every task.
     "cpu": Scale(rl=dataclasses.replace(RL_TINY, num_groups=2), tasks=(
         "sokoban", "frozenlake", "arithmetic", "search_qa"), methods=methods_for(8.0, 1, 256),
-                 taus=(2.0, 8.0, 32.0), seeds=5, iterations=16),
+                 taus=(2.0, 8.0, 32.0), seeds=5, iterations=16, tau_ablation_tasks=("sokoban",),
+                 task_methods={t: ("on_policy", "per", "freshper")
+                               for t in ("frozenlake", "arithmetic", "search_qa")}),
     "paper": Scale(rl=dataclasses.replace(RL_TINY, num_groups=128, group_size=8,
                                           learning_rate=1e-6, minibatches=4),
                    tasks=tuple(TASKS), methods=methods_for(500.0, 1, 50_000),
@@ -98,9 +114,9 @@ SCALES = {
 }
 
 
-def run_rows(scale: Scale, method: str) -> list[tuple[float, int]]:
+def run_rows(scale: Scale, task: str, method: str) -> list[tuple[float, int]]:
     """(τ, seed) of every vmapped row of a run: the τ ablation rows for "freshper"."""
-    taus = scale.taus if method == "freshper" and scale.taus else (None,)
+    taus = scale.taus if scale.ablates_tau(task, method) else (None,)
     return [(tau, seed) for tau in taus for seed in range(scale.seeds)]
 
 
@@ -108,9 +124,9 @@ def run_method(scale: Scale, task: str, method: str, replay_config, params, mode
                out: str, log):
     """One vmapped run (all rows); its history and the ESS-vs-age statistics of the final
     buffers. Resumes from ``out/checkpoints`` after an interruption."""
-    env, rows = TASKS[task], run_rows(scale, method)
+    env, rows = TASKS[task], run_rows(scale, task, method)
     state = rt.init_state(scale.rl, SYNC, replay_config, params, env)
-    if method == "freshper" and scale.taus:
+    if scale.ablates_tau(task, method):
         state = rt.set_initial_tau(state, replay_config, scale.rl.batch_size,
                                    [tau for tau, _ in rows])
     else:
@@ -186,7 +202,7 @@ def summarise(results: dict, scale: Scale):
             mean, low, high = seed_interval(values, axis=0)
             row.update({name: float(mean), f"{name}_low": float(low), f"{name}_high": float(high)})
         final.append(row)
-        if method == "freshper" and scale.taus:
+        if scale.ablates_tau(task, method):
             for tau in scale.taus:
                 sel = np.array([t == tau for t, _ in rows])
                 for metric in ("success_rate", "mean_return"):
@@ -201,7 +217,7 @@ def summarise(results: dict, scale: Scale):
     if scale.taus:  # τ = ∞ is standard PER exactly (tests/test_llm_replay.py): its rows
         taus += [{"task": r["task"], "tau": math.inf, "metric": metric, "mean": r[metric],
                   "low": r[f"{metric}_low"], "high": r[f"{metric}_high"]}
-                 for r in final if r["method"] == "per"
+                 for r in final if r["method"] == "per" and scale.ablates_tau(r["task"], "freshper")
                  for metric in ("success_rate", "mean_return")]
     for row in final:
         base = next((r for r in final if r["task"] == row["task"]
@@ -243,8 +259,10 @@ def plot(curves, taus, ess_rows, scale: Scale, out: str) -> None:
     fig.savefig(os.path.join(out, "learning_curves.png"), dpi=110)
     plt.close(fig)
     if taus:
-        fig, axes = plt.subplots(1, len(tasks), squeeze=False, figsize=(3.8 * len(tasks), 3))
-        for j, task in enumerate(tasks):
+        tau_tasks = [t for t in tasks if any(r["task"] == t for r in taus)]
+        fig, axes = plt.subplots(1, len(tau_tasks), squeeze=False,
+                                 figsize=(3.8 * len(tau_tasks), 3))
+        for j, task in enumerate(tau_tasks):
             rows = [r for r in taus if r["task"] == task and r["metric"] == "mean_return"]
             labels = ["∞" if math.isinf(r["tau"]) else f"{r['tau']:g}" for r in rows]
             ax = axes[0, j]
@@ -310,9 +328,9 @@ def main(argv=None):
                 data = np.load(path, allow_pickle=False)
                 history = {k[2:]: data[k] for k in data.files if k.startswith("h:")}
                 drift = {k[2:]: data[k] for k in data.files if k.startswith("d:")}
-                results[(task, method)] = (history, drift, run_rows(scale, method))
+                results[(task, method)] = (history, drift, run_rows(scale, task, method))
                 continue
-            if task not in tasks or method not in methods:
+            if task not in tasks or method not in methods or not scale.runs(task, method):
                 continue
             history, drift, rows = run_method(scale, task, method, replay_config, params,
                                               model_config, out, log)
