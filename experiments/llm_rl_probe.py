@@ -37,13 +37,16 @@ def main(argv=None):
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--minibatches", type=int, default=1)
+    parser.add_argument("--prompt-pool", type=int, default=0,
+                        help="train on a fixed set of this many prompts (0: fresh prompts)")
     parser.add_argument("--eval-episodes", type=int, default=None,
                         help="held-out prompts (default: the ci scale's 256)")
     parser.add_argument("--out", default=None, help="CSV to append the result row to")
     args = parser.parse_args(argv)
     base = old_logits.SCALES["ci"]
     scale = dataclasses.replace(base, rl=dataclasses.replace(
-        base.rl, learning_rate=args.lr, epochs=args.epochs, minibatches=args.minibatches),
+        base.rl, learning_rate=args.lr, epochs=args.epochs, minibatches=args.minibatches,
+        prompt_pool=args.prompt_pool),
         eval_episodes=args.eval_episodes or base.eval_episodes)
     model_config = preset("tiny")
     params = restore_params(args.checkpoint, model_config)

@@ -4,6 +4,8 @@ import dataclasses
 import math
 import os
 
+import hypothesis
+import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +17,7 @@ from fresh_rl.llm.rollout import expert_policy, run_episodes
 from fresh_rl.llm.sampler import token_logprobs_and_entropy
 from fresh_rl.llm.tasks import ArithmeticTask, FrozenLakeTask
 from fresh_rl.llm.trainer import (Batch, RLConfig, group_prompt_match, group_reset_keys,
-                                  init_train_state, train_loop, update)
+                                  init_train_state, prompt_pool_keys, train_loop, update)
 from fresh_rl.llm.warm_start import restore_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,7 +35,7 @@ def params():
 def expert_batch():
     """Grouped expert episodes of ENV with synthetic sampler log-probs and advantages."""
     key = jax.random.PRNGKey(3)
-    reset_keys = group_reset_keys(key, CONFIG.num_groups, CONFIG.group_size)
+    reset_keys = group_reset_keys(key, CONFIG)
     episodes = jax.jit(lambda k: run_episodes(ENV, expert_policy(ENV), k, CONFIG.batch_size,
                                               reset_keys))(key)
     am = episodes.action_mask
@@ -70,6 +72,8 @@ def _leaves(tree):
     (dict(gamma=1.5), "RLConfig.gamma"),
     (dict(reinforce_pp_grouping="prompt"), "RLConfig.reinforce_pp_grouping"),
     (dict(tis_cap=-1.0), "tis_cap"),
+    (dict(num_groups=4, prompt_pool=3), "RLConfig.prompt_pool"),
+    (dict(prompt_pool=-1), "RLConfig.prompt_pool"),
 ])
 def test_config_validation_names_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
@@ -99,10 +103,38 @@ def test_grouped_reset_single_turn(expert_batch):
     assert _prompts_differ_across_groups(episodes, CONFIG.group_size)
 
 
+@hypothesis.settings(max_examples=25, deadline=None)
+@hypothesis.given(num_groups=st.integers(1, 6), extra=st.integers(0, 5), seed=st.integers(0, 99))
+def test_prompt_pool_draws_distinct_prompts_of_a_fixed_set(num_groups, extra, seed):
+    config = RLConfig(num_groups=num_groups, group_size=2, prompt_pool=num_groups + extra,
+                      prompt_pool_seed=7)
+    pool = np.asarray(prompt_pool_keys(config))
+    keys = np.asarray(group_reset_keys(jax.random.PRNGKey(seed), config))
+    assert keys.shape == (config.batch_size, 2)
+    groups = keys[::2]
+    np.testing.assert_array_equal(keys[1::2], groups)  # one prompt per group
+    index = [int(np.flatnonzero((pool == g).all(axis=1))[0]) for g in groups]  # in the pool
+    assert len(set(index)) == num_groups  # distinct within the batch
+    # the pool is fixed by its seed, and the default (no pool) draws keys outside it
+    np.testing.assert_array_equal(pool, np.asarray(prompt_pool_keys(config)))
+    fresh = np.asarray(group_reset_keys(jax.random.PRNGKey(seed), RLConfig(
+        num_groups=num_groups, group_size=2)))[::2]
+    assert not any((pool == g).all(axis=1).any() for g in fresh)
+
+
+def test_prompt_pool_covers_the_pool_over_batches():
+    config = RLConfig(num_groups=2, group_size=2, prompt_pool=4)
+    draw = jax.jit(lambda k: group_reset_keys(k, config))
+    pool = np.asarray(prompt_pool_keys(config))
+    seen = {int(np.flatnonzero((pool == g).all(axis=1))[0])
+            for i in range(20) for g in np.asarray(draw(jax.random.PRNGKey(i)))[::2]}
+    assert seen == {0, 1, 2, 3}
+
+
 def test_grouped_reset_multi_turn():
     env = FrozenLakeTask(size=3, hole_prob=0.2, max_turns=4)
     key = jax.random.PRNGKey(11)
-    reset_keys = group_reset_keys(key, 2, 4)
+    reset_keys = group_reset_keys(key, RLConfig(num_groups=2, group_size=4))
     both = jax.jit(lambda k: (run_episodes(env, expert_policy(env), k, 8, reset_keys),
                               run_episodes(env, expert_policy(env), k, 8)))
     episodes, plain = both(key)

@@ -220,8 +220,7 @@ def collect(ring: VersionRing, start_lag, key, *, config: RLConfig, async_config
             env, model_config: Qwen2Config) -> Episodes:
     """Grouped episodes from the stale / mixed versions of ``ring`` (keys as
     :func:`fresh_rl.llm.trainer.collect`, so W = 0 samples the same episodes)."""
-    reset_keys = group_reset_keys(jax.random.fold_in(key, 1),
-                                  config.batch_size // config.group_size, config.group_size)
+    reset_keys = group_reset_keys(jax.random.fold_in(key, 1), config)
     policy = versioned_policy(
         ring, start_lag, config=config, async_config=async_config, env=env,
         model_config=model_config,

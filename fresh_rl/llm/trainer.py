@@ -83,6 +83,10 @@ class RLConfig:
         GRPO, 2.0 for REINFORCE++ as ROLL's example_reinforce_pp.yaml); ``math.inf`` = none.
       advantage_eps, std_ddof: eps added to stds and the std's ddof (our defaults 1e-6, 0).
       gamma: token-level discount of REINFORCE++ returns (1 in the paper).
+      prompt_pool: 0 (default) draws a fresh prompt per group every batch (an endless task
+        generator); P > 0 draws each batch's ``num_groups`` distinct prompts from a fixed
+        training set of P prompts, as LLM RL iterates over a prompt dataset.
+      prompt_pool_seed: the seed of that training set (:func:`prompt_pool_keys`).
     """
 
     estimator: str = "grpo"
@@ -106,6 +110,8 @@ class RLConfig:
     advantage_eps: float = adv_lib.DEFAULT_EPS
     std_ddof: int = 0
     gamma: float = 1.0
+    prompt_pool: int = 0
+    prompt_pool_seed: int = 0
 
     def __post_init__(self):
         require_choice("RLConfig.estimator", self.estimator, ESTIMATORS)
@@ -130,6 +136,11 @@ class RLConfig:
                          low_inclusive=False)
         require_in_range("RLConfig.advantage_eps", self.advantage_eps, 0.0, math.inf)
         require_in_range("RLConfig.gamma", self.gamma, 0.0, 1.0)
+        if not isinstance(self.prompt_pool, int) or (
+                self.prompt_pool != 0 and self.prompt_pool < self.num_groups):
+            raise ValueError(f"RLConfig.prompt_pool must be 0 or an integer >= num_groups="
+                             f"{self.num_groups} (distinct prompts per batch), got "
+                             f"{self.prompt_pool!r}")
         if self.std_ddof not in (0, 1):
             raise ValueError(f"RLConfig.std_ddof must be 0 or 1, got {self.std_ddof!r}")
         if self.advantage_clip is not None:
@@ -209,10 +220,21 @@ def first_action_index(action_mask: jax.Array) -> jax.Array:
     return jnp.where(action_mask.any(axis=1), jnp.argmax(action_mask, axis=1), width)
 
 
-def group_reset_keys(key, num_groups: int, group_size: int) -> jax.Array:
-    """``[num_groups · group_size]`` reset keys, each group's ``group_size`` rows sharing one
-    key, hence one prompt / start state (what GRPO's group normalisation needs)."""
-    return jnp.repeat(jax.random.split(key, num_groups), group_size, axis=0)
+def prompt_pool_keys(config: RLConfig) -> jax.Array:
+    """``[prompt_pool]`` reset keys of the fixed training prompts (``config.prompt_pool > 0``)."""
+    return jax.random.split(jax.random.PRNGKey(config.prompt_pool_seed), config.prompt_pool)
+
+
+def group_reset_keys(key, config: RLConfig) -> jax.Array:
+    """``[batch_size]`` reset keys, each group's ``group_size`` rows sharing one key, hence one
+    prompt / start state (what GRPO's group normalisation needs). The group keys are fresh
+    (split from ``key``) or, with a prompt pool, ``num_groups`` distinct pool entries."""
+    if config.prompt_pool:
+        chosen = jax.random.choice(key, config.prompt_pool, (config.num_groups,), replace=False)
+        groups = prompt_pool_keys(config)[chosen]
+    else:
+        groups = jax.random.split(key, config.num_groups)
+    return jnp.repeat(groups, config.group_size, axis=0)
 
 
 def group_prompt_match(episodes: Episodes, group_size: int) -> jax.Array:
@@ -227,9 +249,7 @@ def group_prompt_match(episodes: Episodes, group_size: int) -> jax.Array:
 
 def collect(params, key, *, config: RLConfig, env, model_config: Qwen2Config) -> Episodes:
     """Grouped episodes from the bf16 sampler (pure; jit with the statics closed)."""
-    reset_keys = group_reset_keys(
-        jax.random.fold_in(key, 1), config.batch_size // config.group_size, config.group_size
-    )
+    reset_keys = group_reset_keys(jax.random.fold_in(key, 1), config)
     policy = model_policy(params, model_config, sampling_config(config, env))
     return run_episodes(env, policy, key, config.batch_size, reset_keys)
 
