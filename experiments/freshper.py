@@ -1,6 +1,7 @@
 """FreshPER in the LLM RL loop (arXiv 2604.16918): on-policy vs standard PER vs FreshPER.
 
   .venv/bin/python experiments/freshper.py --scale cpu      # the committed results
+  .venv/bin/python experiments/freshper.py --scale drift    # stronger drift: search_qa, lr 1e-4, K = 4
   .venv/bin/python experiments/freshper.py --scale ci --out /tmp/freshper_ci
 
 From the warm-started tiny LM (results/llm_warm_start/checkpoint), per task, runs the replay
@@ -8,7 +9,7 @@ trainer (fresh_rl.llm.replay_trainer: one fresh update plus K replay updates per
 REINFORCE++ as in the paper) for each method, all seeds vmapped in one compiled program per
 (task, method). The τ ablation runs inside the FreshPER program: τ is a state leaf of the
 buffer, so every τ and seed is one row of the same vmapped run (common seeds across τ).
-Writes to --out (default results/freshper, or results/freshper_ci for ci):
+Writes to --out (default results/freshper for cpu, results/freshper_<scale> otherwise):
 
   runs/<task>_<method>.npz   per-iteration metrics [rows, iterations] (rows = seeds, or
                              τ × seeds for the ablation); a rerun skips finished runs
@@ -106,6 +107,12 @@ SCALES = {
                  taus=(2.0, 8.0, 32.0), seeds=5, iterations=16, tau_ablation_tasks=("sokoban",),
                  task_methods={t: ("on_policy", "per", "freshper")
                                for t in ("frozenlake", "arithmetic", "search_qa")}),
+    # The stronger-drift diagnostic of the cpu verdicts (the policy barely moved there): the
+    # fastest-drifting task, lr 1e-4 (the highest the old-logits probe found harmless),
+    # K = 4 replay updates per iteration, 32 iterations.
+    "drift": Scale(rl=dataclasses.replace(RL_TINY, num_groups=2, learning_rate=1e-4),
+                   tasks=("search_qa",), methods=methods_for(8.0, 4, 256)[:3], taus=(),
+                   seeds=5, iterations=32),
     "paper": Scale(rl=dataclasses.replace(RL_TINY, num_groups=128, group_size=8,
                                           learning_rate=1e-6, minibatches=4),
                    tasks=tuple(TASKS), methods=methods_for(500.0, 1, 50_000),
@@ -299,7 +306,7 @@ def plot(curves, taus, ess_rows, scale: Scale, out: str) -> None:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scale", choices=sorted(SCALES), default="ci")
-    parser.add_argument("--out", default=None, help="output folder (default results/freshper[_ci])")
+    parser.add_argument("--out", default=None, help="output folder (default results/freshper[_<scale>])")
     parser.add_argument("--checkpoint", default=None,
                         help="initial parameters (default: the tiny warm start)")
     parser.add_argument("--tasks", default=None,
@@ -314,8 +321,8 @@ def main(argv=None):
     if unknown:
         raise ValueError(f"unknown --tasks/--methods {unknown}; tasks {list(TASKS)}, methods "
                          f"{[m for m, _ in scale.methods]}")
-    out = args.out or os.path.join(ROOT, "results",
-                                   "freshper_ci" if args.scale == "ci" else "freshper")
+    out = args.out or os.path.join(ROOT, "results", "freshper" if args.scale == "cpu"
+                                   else f"freshper_{args.scale}")
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
     start = time.time()
     log = lambda msg: print(f"[{time.time() - start:7.0f}s] {msg}", flush=True)  # noqa: E731

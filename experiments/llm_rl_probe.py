@@ -3,11 +3,12 @@
   .venv/bin/python experiments/llm_rl_probe.py --checkpoint results/llm_warm_start_arithmetic/checkpoint \
       --lr 3e-5 --iterations 30 [--epochs 1 --minibatches 1] [--out results/old_logits/rl_probe.csv]
 
-Runs the ci scale of experiments/old_logits.py (GRPO, 8 prompts × 8 rollouts, the snapshot
-route at staleness window 1) from ``--checkpoint`` with the given learning rate and number of
-updates per batch, then scores the warm start and the final policy on the same 256 held-out
-prompts (bf16 sampler, temperature 1; ``--eval-episodes`` for more). Appends one row to
-``--out``.
+Runs the ci scale of experiments/old_logits.py (GRPO, ``--num-groups`` prompts × 8 rollouts,
+the snapshot route at staleness window 1) from ``--checkpoint`` with the given learning rate,
+updates per batch and prompt source (fresh prompts, or a fixed ``--prompt-pool``), then
+scores the warm start and the final policy on the same held-out prompts (bf16 sampler,
+temperature 1; the ci scale's 1024 episodes unless ``--eval-episodes``), and with a pool also
+on the pool's prompts. Appends one row to ``--out``.
 """
 from __future__ import annotations
 
@@ -35,18 +36,19 @@ def main(argv=None):
     parser.add_argument("--checkpoint", default=old_logits.WARM_START)
     parser.add_argument("--lr", type=float, required=True)
     parser.add_argument("--iterations", type=int, default=8)
+    parser.add_argument("--num-groups", type=int, default=8, help="prompts per batch (× 8 rollouts)")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--minibatches", type=int, default=1)
     parser.add_argument("--prompt-pool", type=int, default=0,
                         help="train on a fixed set of this many prompts (0: fresh prompts)")
     parser.add_argument("--eval-episodes", type=int, default=None,
-                        help="held-out prompts (default: the ci scale's 256)")
+                        help="episodes per evaluation (default: the ci scale's)")
     parser.add_argument("--out", default=None, help="CSV to append the result row to")
     args = parser.parse_args(argv)
     base = old_logits.SCALES["ci"]
     scale = dataclasses.replace(base, rl=dataclasses.replace(
-        base.rl, learning_rate=args.lr, epochs=args.epochs, minibatches=args.minibatches,
-        prompt_pool=args.prompt_pool),
+        base.rl, learning_rate=args.lr, num_groups=args.num_groups, epochs=args.epochs,
+        minibatches=args.minibatches, prompt_pool=args.prompt_pool),
         eval_episodes=args.eval_episodes or base.eval_episodes)
     model_config = preset("tiny")
     params = restore_params(args.checkpoint, model_config)
@@ -54,26 +56,31 @@ def main(argv=None):
     state, history = ap.train_loop(scale.rl, old_logits.async_config_for(scale, "snapshot"),
                                    jax.random.PRNGKey(0), args.iterations, params=params,
                                    env=scale.env, model_config=model_config, window=1)
-    evaluate = old_logits.make_evaluator(scale, model_config)
     key = jax.random.PRNGKey(10_000)  # the held-out prompts of experiments/old_logits.py
     row = {"checkpoint": args.checkpoint, "learning_rate": args.lr,
-           "iterations": args.iterations, "epochs": args.epochs,
-           "minibatches": args.minibatches, "eval_episodes": scale.eval_episodes,
-           "heldout_success_before": float(jnp.mean(evaluate(params, key))),
-           "heldout_success_after": float(jnp.mean(evaluate(state.train.params, key))),
-           "train_success_first_third": float(history["success_rate"][:args.iterations // 3
-                                                                      or 1].mean()),
-           "train_success_last_third": float(history["success_rate"][-(args.iterations // 3
-                                                                       or 1):].mean()),
-           "seconds": time.time() - start}
+           "num_groups": args.num_groups, "iterations": args.iterations, "epochs": args.epochs,
+           "minibatches": args.minibatches, "prompt_pool": args.prompt_pool,
+           "eval_episodes": scale.eval_episodes}
+    for prompts in ("heldout",) + (("pool",) if args.prompt_pool else ()):
+        evaluate = old_logits.make_evaluator(scale, model_config, prompts == "pool")
+        row[f"{prompts}_success_before"] = float(jnp.mean(evaluate(params, key)))
+        row[f"{prompts}_success_after"] = float(jnp.mean(evaluate(state.train.params, key)))
+    third = args.iterations // 3 or 1
+    row.update(train_success_first_third=float(history["success_rate"][:third].mean()),
+               train_success_last_third=float(history["success_rate"][-third:].mean()),
+               seconds=time.time() - start)
     print(row, flush=True)
-    if args.out:
-        new = not os.path.exists(args.out)
-        with open(args.out, "a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(row))
-            if new:
-                writer.writeheader()
-            writer.writerow(row)
+    if args.out:  # append; the header grows to the union of the columns
+        rows = []
+        if os.path.exists(args.out):
+            with open(args.out) as f:
+                rows = list(csv.DictReader(f))
+        rows.append(row)
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+        with open(args.out, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=columns, restval="")
+            writer.writeheader()
+            writer.writerows(rows)
     return row
 
 
