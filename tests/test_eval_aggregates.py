@@ -19,6 +19,17 @@ def test_point_estimates_match_rliable_metrics():
         assert low <= point + 1e-12 and point <= high + 1e-12
 
 
+def test_intervals_are_reproducible_and_leave_the_global_rng_alone():
+    scores = np.random.default_rng(1).random((3, 2))
+    np.random.seed(123)
+    before = np.random.get_state()[1].copy()
+    first = aggregate_intervals({"a": scores, "b": scores + 0.1}, reps=200)
+    np.testing.assert_array_equal(np.random.get_state()[1], before)
+    np.random.rand(5)  # a different global state must not change the intervals
+    assert aggregate_intervals({"a": scores, "b": scores + 0.1}, reps=200) == first
+    assert aggregate_intervals({"a": scores, "b": scores + 0.1}, reps=200, seed=1) != first
+
+
 def test_iqm_and_optimality_gap_by_hand():
     x = np.arange(1, 9, dtype=float).reshape(4, 2)  # 1..8: middle half is 3,4,5,6
     assert iqm(x) == pytest.approx(4.5)

@@ -95,10 +95,17 @@ def aggregate_intervals(
     for name, scores in score_dict.items():
         if np.ndim(scores) != 2 or np.shape(scores)[0] < 1:
             raise ValueError(f"score_dict[{name!r}] must be [runs ≥ 1, tasks], got shape {np.shape(scores)}")
-    points, intervals = rly.get_interval_estimates(
-        {k: np.asarray(v, np.float64) for k, v in score_dict.items()}, _aggregates, reps=reps,
-        confidence_interval_size=confidence, random_state=np.random.RandomState(seed),
-    )
+    # rliable 1.2's stratified bootstrap draws its indices from the global NumPy RNG and ignores
+    # ``random_state``: seed the global RNG for the call and restore the caller's state.
+    caller_state = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        points, intervals = rly.get_interval_estimates(
+            {k: np.asarray(v, np.float64) for k, v in score_dict.items()}, _aggregates, reps=reps,
+            confidence_interval_size=confidence, random_state=np.random.RandomState(seed),
+        )
+    finally:
+        np.random.set_state(caller_state)
     return {
         name: {m: (float(points[name][i]), float(intervals[name][0, i]), float(intervals[name][1, i]))
                for i, m in enumerate(AGGREGATE_METRICS)}
