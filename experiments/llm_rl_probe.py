@@ -20,7 +20,6 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -56,15 +55,16 @@ def main(argv=None):
     state, history = ap.train_loop(scale.rl, old_logits.async_config_for(scale, "snapshot"),
                                    jax.random.PRNGKey(0), args.iterations, params=params,
                                    env=scale.env, model_config=model_config, window=1)
-    key = jax.random.PRNGKey(10_000)  # the held-out prompts of experiments/old_logits.py
     row = {"checkpoint": args.checkpoint, "learning_rate": args.lr,
            "num_groups": args.num_groups, "iterations": args.iterations, "epochs": args.epochs,
            "minibatches": args.minibatches, "prompt_pool": args.prompt_pool,
            "eval_episodes": scale.eval_episodes}
-    for prompts in ("heldout",) + (("pool",) if args.prompt_pool else ()):
-        evaluate = old_logits.make_evaluator(scale, model_config, prompts == "pool")
-        row[f"{prompts}_success_before"] = float(jnp.mean(evaluate(params, key)))
-        row[f"{prompts}_success_after"] = float(jnp.mean(evaluate(state.train.params, key)))
+    scores = {(r["prompts"], r["policy"]): r["success"] for r in old_logits.evaluate_policies(
+        scale, model_config, {"before": params, "after": state.train.params})}
+    for prompts, column in (("held_out", "heldout"), ("training", "pool")):
+        for policy in ("before", "after"):
+            if (prompts, policy) in scores:
+                row[f"{column}_success_{policy}"] = scores[prompts, policy]
     third = args.iterations // 3 or 1
     row.update(train_success_first_third=float(history["success_rate"][:third].mean()),
                train_success_last_third=float(history["success_rate"][-third:].mean()),

@@ -55,6 +55,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WARM_START = os.path.join(ROOT, "results", "llm_warm_start", "checkpoint")
 ARITHMETIC_WARM_START = os.path.join(ROOT, "results", "llm_warm_start_arithmetic", "checkpoint")
 CURVE_METRICS = ("success_rate", "active_token_fraction", "abs_log_rd_mean")
+EVAL_SEED = 10_000  # the evaluation episodes, shared by every policy and by llm_rl_probe.py
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,9 +87,10 @@ class Scale:
 RL_TINY = RLConfig(estimator="grpo", num_groups=8, group_size=8, learning_rate=1e-3,
                    loss="decoupled")
 # ci: from the arithmetic-specialised warm start (≈ 0.2 success), on a fixed training set of
-# 32 prompts (RLConfig.prompt_pool), 2 epochs per batch at lr 1e-4. Our probes (README.md,
-# "ci scale") found that RL at this budget raises success on the prompts it trains on but not
-# on unseen prompts, so the ci run scores both.
+# 32 prompts (RLConfig.prompt_pool), 2 epochs per batch at lr 1e-4. Our probes
+# (results/old_logits/README.md, "RL from the arithmetic warm start") found that RL at this
+# budget raises success on the prompts it trains on but not on unseen prompts, so the ci run
+# scores both.
 SCALES = {
     "ci": Scale(model="tiny", rl=dataclasses.replace(RL_TINY, learning_rate=1e-4, epochs=2,
                                                      prompt_pool=32),
@@ -131,6 +133,20 @@ def make_evaluator(scale: Scale, model_config, on_training_prompts: bool = False
                                  estimator="reinforce_pp", prompt_pool=pool)
     return jax.jit(lambda p, k: collect(p, k, config=config, env=scale.env,
                                         model_config=model_config).success)
+
+
+def evaluate_policies(scale: Scale, model_config, policies: dict) -> list[dict]:
+    """Success of every policy on the same episodes (``EVAL_SEED``: same prompts and sampling
+    keys): on held-out prompts and, with a prompt pool, on the training prompts."""
+    key = jax.random.PRNGKey(EVAL_SEED)
+    rows = []
+    for prompts in (("training", "held_out") if scale.rl.prompt_pool else ("held_out",)):
+        evaluate = make_evaluator(scale, model_config, prompts == "training")
+        for name, params in policies.items():
+            success = evaluate(params, key)
+            rows.append({"policy": name, "prompts": prompts, "episodes": int(success.shape[0]),
+                         "success": float(jnp.mean(success.astype(jnp.float32)))})
+    return rows
 
 
 def async_config_for(scale: Scale, route: str, partial: bool = False) -> ap.AsyncConfig:
@@ -386,14 +402,7 @@ def main(argv=None):
         with open(os.path.join(out, "overhead.md"), "w") as f:
             f.write(overhead_markdown(overhead))
     if scale.eval_episodes:
-        key = jax.random.PRNGKey(10_000)  # the same prompts and sampling keys for every policy
-        policies = {"warm_start": params, **finals}
-        rows = []
-        for prompts in (("training", "held_out") if scale.rl.prompt_pool else ("held_out",)):
-            evaluate = make_evaluator(scale, model_config, prompts == "training")
-            rows += [{"policy": name, "prompts": prompts, "episodes": scale.eval_episodes,
-                      "success": float(jnp.mean(evaluate(p, key).astype(jnp.float32)))}
-                     for name, p in policies.items()]
+        rows = evaluate_policies(scale, model_config, {"warm_start": params, **finals})
         write_csv(os.path.join(out, "eval.csv"), rows)
         log(f"evaluation: {rows}")
     plot(curves, scale, out)
