@@ -63,7 +63,7 @@ import jax.numpy as jnp
 from brax.training.agents.ppo import networks as brax_ppo_networks
 from brax.training.agents.ppo import train as brax_ppo
 
-from _report import git_commit, write_csv
+from fresh_rl.provenance import git_commit, write_csv
 from fresh_rl.control import BraxVecEnv, TrainConfig, train
 from fresh_rl.lag import DelayConfig
 

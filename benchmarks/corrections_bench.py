@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import rlax
 
-from _report import git_commit, write_csv
+from fresh_rl.provenance import git_commit, write_csv
 from fresh_rl.corrections import VTraceConfig, vtrace
 
 SHAPES = ((256, 128), (4096, 32))

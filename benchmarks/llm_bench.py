@@ -13,23 +13,19 @@ Writes results/bench/llm.csv and results/bench/llm.md.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
-import platform
 import statistics
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from fresh_rl.llm.model import init_params, preset  # noqa: E402
-from fresh_rl.llm.sampler import (SamplingConfig, generate, join_prompt_and_generation,  # noqa: E402
+from fresh_rl.llm.model import init_params, preset
+from fresh_rl.llm.sampler import (SamplingConfig, generate, join_prompt_and_generation,
                                   token_logprobs_and_entropy)
-from fresh_rl.llm.warm_start import WarmStartConfig, make_optimizer, make_train_step  # noqa: E402
+from fresh_rl.llm.warm_start import WarmStartConfig, make_optimizer, make_train_step
+from fresh_rl.provenance import provenance, provenance_line, write_csv
 
 
 def timed(fn, repeats):
@@ -55,6 +51,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", default="results/bench")
     args = parser.parse_args(argv)
+    started = time.perf_counter()
     config = preset("tiny")
     params = init_params(config, jax.random.PRNGKey(0))
     key = jax.random.PRNGKey(1)
@@ -100,10 +97,8 @@ def main(argv=None):
     log_rd = np.abs(np.asarray(train_logp[:, args.prompt:] - gen.logprobs))[np.asarray(gen.mask)]
 
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "llm.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(os.path.join(args.out, "llm.csv"), rows)
+    info = provenance(started=started)
     def speedup(r):
         return f"{r['speedup_vs_no_cache']:.1f}x" if r["speedup_vs_no_cache"] != "" else ""
 
@@ -114,9 +109,7 @@ def main(argv=None):
     with open(os.path.join(args.out, "llm.md"), "w") as f:
         f.write(f"""# Tiny LM throughput (random init, tiny preset)
 
-Command: `.venv/bin/python benchmarks/llm_bench.py {' '.join(sys.argv[1:])}`
-Machine: {platform.machine()}, {os.cpu_count()} CPU cores (shared with other jobs),
-jax {jax.__version__} on {jax.default_backend()}. Median of {args.repeats} repeats after one
+{provenance_line(info)} Median of {args.repeats} repeats after one
 compile+warm-up call (reported separately).
 
 | benchmark | variant | dtype | shape | compile+first call (s) | median (s) | tokens/s | cache speedup |

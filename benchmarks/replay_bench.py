@@ -34,7 +34,7 @@ import flashbax as fbx
 import jax
 import jax.numpy as jnp
 
-from _report import git_commit, write_csv
+from fresh_rl.provenance import git_commit, write_csv
 from fresh_rl.replay import ReplayConfig, make_trajectory_buffer, segment_tree
 
 TOKENS = 16

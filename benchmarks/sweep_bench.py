@@ -21,7 +21,7 @@ from pathlib import Path
 
 import jax
 
-from _report import git_commit, write_csv
+from fresh_rl.provenance import git_commit, write_csv
 from fresh_rl.control.train import TrainConfig, train
 
 CONFIG = TrainConfig(env_name="CartPole-v1", num_envs=8, rollout_length=32, total_env_steps=8 * 32 * 20,

@@ -30,121 +30,40 @@ import dataclasses
 import json
 import math
 import os
-import platform
 import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
+from fresh_rl.eval import seed_interval
+from fresh_rl.llm import replay_trainer as rt
+from fresh_rl.llm.presets import FRESHPER_SCALES as SCALES
+from fresh_rl.llm.presets import RESULTS, SYNC, TASKS, FreshPERScale, load_params
+from fresh_rl.provenance import provenance, write_csv
+from fresh_rl.sweep.checkpoint import RunCheckpointer
 
-from fresh_rl.eval import seed_interval  # noqa: E402
-from fresh_rl.llm import async_pipeline as ap  # noqa: E402
-from fresh_rl.llm import replay_trainer as rt  # noqa: E402
-from fresh_rl.llm.trainer import RLConfig  # noqa: E402
-from fresh_rl.sweep.checkpoint import RunCheckpointer  # noqa: E402
-from llm_warm_start import TASKS  # noqa: E402  (the warm start's task settings)
-from old_logits import ROOT, load_params, write_csv  # noqa: E402
-from old_logits import WARM_START  # noqa: E402, F401  (used by the tests and notebook 4)
-# REINFORCE++ as the paper (batch normalisation, whitening, clip 2 as ROLL's
-# example_reinforce_pp.yaml; the FreshPER configs' clip of 0.2 is not known to be the paper's).
-# lr 3e-5: Adam's steps have size ≈ lr per weight whatever the gradient's scale, and on the
-# 0.8M-parameter tiny model one step at 1e-4 already moved a sequence's log-prob by 3.6 nats;
-# RL at 1e-3 lowered success on sokoban and arithmetic (results/old_logits/README.md, "lr").
-RL_TINY = RLConfig(estimator="reinforce_pp", num_groups=4, group_size=8, learning_rate=3e-5,
-                   loss="decoupled")
-SYNC = ap.AsyncConfig(staleness_window=0, old_logit_route="snapshot")
-
-
-@dataclasses.dataclass(frozen=True)
-class Scale:
-    """``methods``: name → replay settings; ``taus``: the τ ablation rows of "freshper" on
-    the ``tau_ablation_tasks`` (None: every task); ``task_methods``: the methods run on a
-    task (None: all)."""
-
-    rl: RLConfig
-    tasks: tuple[str, ...]
-    methods: tuple[tuple[str, rt.LLMReplayConfig], ...]
-    taus: tuple[float, ...]
-    seeds: int
-    iterations: int
-    model: str = "tiny"
-    tau_ablation_tasks: tuple[str, ...] | None = None
-    task_methods: dict[str, tuple[str, ...]] | None = None
-
-    def ablates_tau(self, task: str, method: str) -> bool:
-        return bool(method == "freshper" and self.taus and (
-            self.tau_ablation_tasks is None or task in self.tau_ablation_tasks))
-
-    def runs(self, task: str, method: str) -> bool:
-        return self.task_methods is None or method in self.task_methods.get(
-            task, tuple(dict(self.methods)))
-
-
-def methods_for(tau: float, replay_updates: int, capacity: int):
-    base = rt.LLMReplayConfig(replay_updates=replay_updates, capacity=capacity,
-                              age_decay_tau=tau)
-    return (("on_policy", dataclasses.replace(base, replay_updates=0, sampling="uniform")),
-            ("per", dataclasses.replace(base, sampling="per")),
-            ("freshper", base),
-            ("freshper_no_is", dataclasses.replace(base, importance_correction=False)),
-            ("freshper_auto_tau", dataclasses.replace(base, auto_tau=True)))
-
-
-SCALES = {
-    "ci": Scale(rl=dataclasses.replace(RL_TINY, num_groups=2, group_size=4),
-                tasks=("arithmetic",),
-                methods=methods_for(tau=4.0, replay_updates=1, capacity=32)[:3],
-                taus=(), seeds=2, iterations=3),
-    # τ = ∞ is standard PER exactly (tests/test_llm_replay.py), so the "per" rows stand for it.
-    # The 2-core budget: the τ, IS and auto-τ ablations on sokoban only (the τ ablation alone
-    # is 4 × the cost of a method); the headline three methods on every task.
-    "cpu": Scale(rl=dataclasses.replace(RL_TINY, num_groups=2), tasks=(
-        "sokoban", "frozenlake", "arithmetic", "search_qa"), methods=methods_for(8.0, 1, 256),
-                 taus=(2.0, 8.0, 32.0), seeds=5, iterations=16, tau_ablation_tasks=("sokoban",),
-                 task_methods={t: ("on_policy", "per", "freshper")
-                               for t in ("frozenlake", "arithmetic", "search_qa")}),
-    # The stronger-drift diagnostic of the cpu verdicts (the policy barely moved there): the
-    # fastest-drifting task, lr 1e-4 (the highest the old-logits probe found harmless),
-    # K = 4 replay updates per iteration, 32 iterations.
-    "drift": Scale(rl=dataclasses.replace(RL_TINY, num_groups=2, learning_rate=1e-4),
-                   tasks=("search_qa",), methods=methods_for(8.0, 4, 256)[:3], taus=(),
-                   seeds=5, iterations=32),
-    "paper": Scale(rl=dataclasses.replace(RL_TINY, num_groups=128, group_size=8,
-                                          learning_rate=1e-6, minibatches=4),
-                   tasks=tuple(TASKS), methods=methods_for(500.0, 1, 50_000),
-                   taus=(100.0, 250.0, 500.0, 1000.0, math.inf), seeds=5, iterations=300,
-                   model="qwen2.5-0.5b"),
-}
-
-
-def run_rows(scale: Scale, task: str, method: str) -> list[tuple[float, int]]:
-    """(τ, seed) of every vmapped row of a run: the τ ablation rows for "freshper"."""
-    taus = scale.taus if scale.ablates_tau(task, method) else (None,)
-    return [(tau, seed) for tau in taus for seed in range(scale.seeds)]
+Scale = FreshPERScale
+# npz runs written before the metric renames load under the current names
+RENAMED_METRICS = {"lag_mean": "lag/version_gap_mean", "lag_max": "lag/version_gap_max"}
 
 
 def run_method(scale: Scale, task: str, method: str, replay_config, params, model_config,
                out: str, log):
     """One vmapped run (all rows); its history and the ESS-vs-age statistics of the final
     buffers. Resumes from ``out/checkpoints`` after an interruption."""
-    env, rows = TASKS[task], run_rows(scale, task, method)
-    state = rt.init_state(scale.rl, SYNC, replay_config, params, env)
-    if scale.ablates_tau(task, method):
-        state = rt.set_initial_tau(state, replay_config, scale.rl.batch_size,
-                                   [tau for tau, _ in rows])
-    else:
-        state = jax.tree_util.tree_map(lambda x: jnp.stack([x] * len(rows)), state)
-    seed_keys = jnp.stack([jax.random.PRNGKey(seed) for _, seed in rows])
+    env, rows = TASKS[task], scale.run_rows(task, method)
+    state = None
+    if scale.ablates_tau(task, method):  # τ rows of one program, common seeds across τ
+        state = rt.set_initial_tau(rt.init_state(scale.rl, SYNC, replay_config, params, env),
+                                   replay_config, scale.rl.batch_size, [tau for tau, _ in rows])
     checkpointer = RunCheckpointer(os.path.join(out, "checkpoints", f"{task}_{method}"),
                                    fingerprint=repr((scale, task, method)))
     start = time.time()
     state, history = rt.train_loop(
-        scale.rl, SYNC, replay_config, None, scale.iterations, params=params, env=env,
-        model_config=model_config, num_seeds=len(rows), seed_keys=seed_keys, state=state,
+        scale.rl, SYNC, replay_config, [seed for _, seed in rows], scale.iterations,
+        params=params, env=env, model_config=model_config, state=state,
         checkpointer=checkpointer, checkpoint_every=5)
     drift = jax.jit(jax.vmap(lambda p, r, now: rt.drift_by_age(
         p, r, config=scale.rl, model_config=model_config, now=now)))(
@@ -153,35 +72,6 @@ def run_method(scale: Scale, task: str, method: str, replay_config, params, mode
     log(f"{task}/{method}: {time.time() - start:.0f} s, final success "
         f"{history['success_rate'][:, -max(1, scale.iterations // 3):].mean():.3f}")
     return history, drift, rows
-
-
-def ess_by_age(drift: dict, row_mask) -> list[dict]:
-    """Token ESS/n and token-weighted KL (k1, k3) of the stored trajectories grouped by age
-    (pooled over the rows in ``row_mask``)."""
-    valid = drift["valid"] & row_mask[:, None]
-    out = []
-    for age in np.unique(drift["age"][valid]):
-        sel = valid & (drift["age"] == age)
-        s, s2, n = drift["ratio_sum"][sel].sum(), drift["ratio_sq_sum"][sel].sum(), \
-            drift["tokens"][sel].sum()
-        out.append({"age": int(age), "trajectories": int(sel.sum()), "tokens": int(n),
-                    "ess_fraction": float(s * s / max(n * s2, 1e-30)),
-                    **{k: float(np.average(drift[k][sel], weights=drift["tokens"][sel]))
-                       for k in ("kl_k1", "kl_k3")}})
-    return out
-
-
-def fit_decay(points: list[dict]) -> dict:
-    """Least squares through the origin of −log(ESS/n) = λ·age and KL = κ·age."""
-    age = np.array([p["age"] for p in points], float)
-    w = np.array([p["trajectories"] for p in points], float)
-    neg_log_ess = -np.log(np.clip([p["ess_fraction"] for p in points], 1e-12, 1.0))
-    kl = np.array([p["kl_k3"] for p in points])
-    denom = max(float(np.sum(w * age * age)), 1e-12)
-    lam = float(np.sum(w * age * neg_log_ess) / denom)
-    kappa = float(np.sum(w * age * kl) / denom)
-    return {"ess_decay_rate": lam, "tau_from_ess": 1.0 / lam if lam > 0 else math.inf,
-            "kl_per_version": kappa, "tau_from_kl": 1.0 / kappa if kappa > 0 else math.inf}
 
 
 def summarise(results: dict, scale: Scale):
@@ -217,10 +107,10 @@ def summarise(results: dict, scale: Scale):
                     mean, low, high = seed_interval(values, axis=0)
                     taus.append({"task": task, "tau": tau, "metric": metric, "mean": float(mean),
                                  "low": float(low), "high": float(high)})
-        points = ess_by_age(drift, base_rows)
+        points = rt.ess_by_age(drift, base_rows)
         ess_rows += [{"task": task, "method": method, **p} for p in points]
         if points:
-            fits.append({"task": task, "method": method, **fit_decay(points)})
+            fits.append({"task": task, "method": method, **rt.fit_decay(points)})
     if scale.taus:  # τ = ∞ is standard PER exactly (tests/test_llm_replay.py): its rows
         taus += [{"task": r["task"], "tau": math.inf, "metric": metric, "mean": r[metric],
                   "low": r[f"{metric}_low"], "high": r[f"{metric}_high"]}
@@ -313,7 +203,9 @@ def main(argv=None):
                         help="comma-separated subset of the scale's tasks")
     parser.add_argument("--methods", default=None,
                         help="comma-separated subset of the scale's methods")
+    add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
+    enable_from_args(args)
     scale = SCALES[args.scale]
     tasks = scale.tasks if args.tasks is None else tuple(args.tasks.split(","))
     methods = [m for m, _ in scale.methods] if args.methods is None else args.methods.split(",")
@@ -321,21 +213,22 @@ def main(argv=None):
     if unknown:
         raise ValueError(f"unknown --tasks/--methods {unknown}; tasks {list(TASKS)}, methods "
                          f"{[m for m, _ in scale.methods]}")
-    out = args.out or os.path.join(ROOT, "results", "freshper" if args.scale == "cpu"
-                                   else f"freshper_{args.scale}")
+    out = args.out or str(RESULTS / ("freshper" if args.scale == "cpu"
+                                     else f"freshper_{args.scale}"))
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
-    start = time.time()
+    start, started = time.time(), time.perf_counter()
     log = lambda msg: print(f"[{time.time() - start:7.0f}s] {msg}", flush=True)  # noqa: E731
-    model_config, params = load_params(scale, args.checkpoint)
+    model_config, params = load_params(scale.model, args.checkpoint)
     results = {}
     for task in scale.tasks:
         for method, replay_config in scale.methods:
             path = os.path.join(out, "runs", f"{task}_{method}.npz")
             if os.path.exists(path):  # finished earlier: load, never rerun
                 data = np.load(path, allow_pickle=False)
-                history = {k[2:]: data[k] for k in data.files if k.startswith("h:")}
+                history = {RENAMED_METRICS.get(k[2:], k[2:]): data[k] for k in data.files
+                           if k.startswith("h:")}
                 drift = {k[2:]: data[k] for k in data.files if k.startswith("d:")}
-                results[(task, method)] = (history, drift, run_rows(scale, task, method))
+                results[(task, method)] = (history, drift, scale.run_rows(task, method))
                 continue
             if task not in tasks or method not in methods or not scale.runs(task, method):
                 continue
@@ -354,13 +247,12 @@ def main(argv=None):
         if rows:
             write_csv(os.path.join(out, name), rows)
     plot(curves, taus, ess_rows, scale, out)
-    wall = time.time() - start
+    info = provenance(command=" ".join(["python experiments/freshper.py"]
+                                       + list(argv if argv is not None else sys.argv[1:])),
+                      started=started)
+    wall = info["wall_seconds"]
     with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump({"scale": args.scale, "command": " ".join(["experiments/freshper.py"]
-                                                            + (argv or sys.argv[1:])),
-                   "wall_seconds": wall, "machine": f"{platform.machine()}, "
-                   f"{os.cpu_count()} CPU cores, {platform.platform()}, jax {jax.__version__} "
-                   f"on {jax.default_backend()}",
+        json.dump({"scale": args.scale, **info,
                    "scale_config": dataclasses.asdict(scale), "tasks": {
                        k: {"class": type(v).__name__, **dataclasses.asdict(v)}
                        for k, v in TASKS.items() if k in scale.tasks}},

@@ -3,8 +3,8 @@
   .venv/bin/python experiments/llm_rl_probe.py --checkpoint results/llm_warm_start_arithmetic/checkpoint \
       --lr 3e-5 --iterations 30 [--epochs 1 --minibatches 1] [--out results/old_logits/rl_probe.csv]
 
-Runs the ci scale of experiments/old_logits.py (GRPO, ``--num-groups`` prompts × 8 rollouts,
-the snapshot route at staleness window 1) from ``--checkpoint`` with the given learning rate,
+Runs the ci scale of experiments/old_logits.py (``fresh_rl.llm.presets.OLD_LOGITS_SCALES``;
+GRPO, ``--num-groups`` prompts × 8 rollouts, the snapshot route at staleness window 1) from ``--checkpoint`` with the given learning rate,
 updates per batch and prompt source (fresh prompts, or a fixed ``--prompt-pool``), then
 scores the warm start and the final policy on the same held-out prompts (bf16 sampler,
 temperature 1; the ci scale's 1024 episodes unless ``--eval-episodes``), and with a pool also
@@ -16,23 +16,20 @@ import argparse
 import csv
 import dataclasses
 import os
-import sys
 import time
 
-import jax
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import old_logits  # noqa: E402
-from fresh_rl.llm import async_pipeline as ap  # noqa: E402
-from fresh_rl.llm.model import preset  # noqa: E402
-from fresh_rl.llm.warm_start import restore_params  # noqa: E402
+from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
+from fresh_rl.llm import async_pipeline as ap
+from fresh_rl.llm.evaluation import evaluate_policies
+from fresh_rl.llm.model import preset
+from fresh_rl.llm.presets import OLD_LOGITS_SCALES, WARM_START
+from fresh_rl.llm.warm_start import restore_params
+from fresh_rl.provenance import write_csv
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--checkpoint", default=old_logits.WARM_START)
+    parser.add_argument("--checkpoint", default=WARM_START)
     parser.add_argument("--lr", type=float, required=True)
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--num-groups", type=int, default=8, help="prompts per batch (× 8 rollouts)")
@@ -42,9 +39,12 @@ def main(argv=None):
                         help="train on a fixed set of this many prompts (0: fresh prompts)")
     parser.add_argument("--eval-episodes", type=int, default=None,
                         help="episodes per evaluation (default: the ci scale's)")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="CSV to append the result row to")
+    add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
-    base = old_logits.SCALES["ci"]
+    enable_from_args(args)
+    base = OLD_LOGITS_SCALES["ci"]
     scale = dataclasses.replace(base, rl=dataclasses.replace(
         base.rl, learning_rate=args.lr, num_groups=args.num_groups, epochs=args.epochs,
         minibatches=args.minibatches, prompt_pool=args.prompt_pool),
@@ -52,14 +52,14 @@ def main(argv=None):
     model_config = preset("tiny")
     params = restore_params(args.checkpoint, model_config)
     start = time.time()
-    state, history = ap.train_loop(scale.rl, old_logits.async_config_for(scale, "snapshot"),
-                                   jax.random.PRNGKey(0), args.iterations, params=params,
+    state, history = ap.train_loop(scale.rl, scale.async_config("snapshot"),
+                                   args.seed, args.iterations, params=params,
                                    env=scale.env, model_config=model_config, window=1)
     row = {"checkpoint": args.checkpoint, "learning_rate": args.lr,
            "num_groups": args.num_groups, "iterations": args.iterations, "epochs": args.epochs,
-           "minibatches": args.minibatches, "prompt_pool": args.prompt_pool,
+           "minibatches": args.minibatches, "prompt_pool": args.prompt_pool, "seed": args.seed,
            "eval_episodes": scale.eval_episodes}
-    scores = {(r["prompts"], r["policy"]): r["success"] for r in old_logits.evaluate_policies(
+    scores = {(r["prompts"], r["policy"]): r["success"] for r in evaluate_policies(
         scale, model_config, {"before": params, "after": state.train.params})}
     for prompts, column in (("held_out", "heldout"), ("training", "pool")):
         for policy in ("before", "after"):
@@ -76,11 +76,7 @@ def main(argv=None):
             with open(args.out) as f:
                 rows = list(csv.DictReader(f))
         rows.append(row)
-        columns = list(dict.fromkeys(k for r in rows for k in r))
-        with open(args.out, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=columns, restval="")
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(args.out, rows)
     return row
 
 

@@ -20,41 +20,23 @@ RL learning-rate probe (experiments/llm_rl_probe.py).
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 
 import jax
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
+from fresh_rl.llm.model import preset
+from fresh_rl.llm.presets import CYCLE, RESULTS, SPECIALIZE, TASKS, WARM_START
+from fresh_rl.llm.warm_start import (WarmStartConfig, evaluate, restore_params, save_params,
+                                     warm_start)
+from fresh_rl.provenance import provenance, provenance_line, write_csv
+from fresh_rl.sweep.keys import seed_key, split_run_key
 
-from fresh_rl.llm.model import preset  # noqa: E402
-from fresh_rl.llm.tasks import ArithmeticTask, FrozenLakeTask, SearchQATask, SokobanTask  # noqa: E402
-from fresh_rl.llm.warm_start import (WarmStartConfig, evaluate, restore_params,  # noqa: E402
-                                     save_params, warm_start)
-
-# Task difficulty for the tiny model (our choice: small enough that behaviour cloning in
-# minutes gives a non-zero success rate, hard enough that it does not saturate).
-TASKS = {
-    "arithmetic": ArithmeticTask(digits=1, steps=2),
-    "frozenlake": FrozenLakeTask(size=4, hole_prob=0.3, max_turns=8),
-    "sokoban": SokobanTask(size=5, num_boxes=1, reverse_steps=6, max_turns=6),
-    "search_qa": SearchQATask(num_entities=4, num_relations=1, max_turns=3, tool_cost=0.05,
-                              name_pool=32),
-}
-# Copying names (search QA) and multi-digit arithmetic are learned slowest: they get 2 of
-# every 6 steps, the grid tasks 1 each (our choice: with a uniform cycle and all 4900 names,
-# search QA stayed at 0 success; the tiny model copies 4-letter random names imprecisely).
-CYCLE = ("arithmetic", "search_qa", "frozenlake", "arithmetic", "search_qa", "sokoban")
-# Arithmetic specialisation: (rounds, per-round config, seed); our choice, from a probe in which
-# 250-step rounds at batch 32 raised temperature-1 success from 0.02 to 0.19 in two rounds.
-SPECIALIZE = {"arithmetic": (2, WarmStartConfig(steps=250, batch_size=32, learning_rate=2e-3,
-                                                warmup_steps=10, eval_episodes=256), 11)}
+# Task settings, cycle and specialisation: fresh_rl.llm.presets (shared with the RL experiments).
 SCALES = {
     "ci": WarmStartConfig(steps=24, batch_size=8, warmup_steps=4, eval_episodes=16),
     "cpu": WarmStartConfig(steps=600, batch_size=16, warmup_steps=20, eval_episodes=128),
@@ -70,15 +52,17 @@ def main(argv=None):
                         help="output folder (default results/llm_warm_start[_ci])")
     parser.add_argument("--specialize", choices=sorted(SPECIALIZE), default=None,
                         help="continue from results/llm_warm_start/checkpoint on one task")
+    add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
+    enable_from_args(args)
     if args.specialize:
-        return specialize(args.specialize, args.out)
-    out = args.out or ("results/llm_warm_start" if args.scale != "ci"
-                       else "results/llm_warm_start_ci")
+        return specialize(args.specialize, args.out, argv)
+    out = args.out or str(RESULTS / ("llm_warm_start" if args.scale != "ci"
+                                     else "llm_warm_start_ci"))
     os.makedirs(out, exist_ok=True)
     config, model_config = SCALES[args.scale], preset("tiny")
-    start = time.time()
-    key_train, key_eval = jax.random.split(jax.random.PRNGKey(args.seed))
+    start, started = time.time(), time.perf_counter()
+    key_train, key_eval = split_run_key(seed_key(args.seed))
     params, history = warm_start(model_config, TASKS, config, key_train, cycle=CYCLE)
     train_seconds = time.time() - start
     rows = []
@@ -87,33 +71,23 @@ def main(argv=None):
                            config.eval_episodes, config.eval_temperature)
         rows.append({"task": name, **metrics})
         print(name, metrics, flush=True)
-    wall = time.time() - start
+    info = provenance(command=command(argv), started=started)
+    wall = info["wall_seconds"]
     save_params(os.path.join(out, "checkpoint"), params)
-    with open(os.path.join(out, "success.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    with open(os.path.join(out, "history.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(history[0]))
-        writer.writeheader()
-        writer.writerows(history)
+    write_csv(os.path.join(out, "success.csv"), rows)
+    write_csv(os.path.join(out, "history.csv"), history)
     with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump({"scale": args.scale, "seed": args.seed, "model": "tiny",
+        json.dump({"scale": args.scale, "seed": args.seed, "model": "tiny", **info,
                    "warm_start": dataclasses.asdict(config), "cycle": CYCLE,
                    "tasks": {k: {"class": type(v).__name__, **dataclasses.asdict(v)}
                              for k, v in TASKS.items()}}, f, indent=1)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or "unknown"
     table = "\n".join(f"| {r['task']} | {r['success']:.3f} | {r['return']:.3f} | "
                       f"{r['format_ok']:.3f} | {r['abs_log_rd_mean']:.2e} | "
                       f"{r['abs_log_rd_max']:.2e} |" for r in rows)
     with open(os.path.join(out, "README.md"), "w") as f:
         f.write(f"""# Supervised warm start of the tiny LM ({args.scale} scale)
 
-Command: `.venv/bin/python experiments/llm_warm_start.py --scale {args.scale} --seed {args.seed}`
-Commit: {commit} (plus the uncommitted working tree at the time of the run)
-Machine: {platform.machine()}, {os.cpu_count()} CPU cores (shared), {platform.platform()},
-jax {jax.__version__} on {jax.default_backend()}
+{provenance_line(info)}
 Wall time: {wall:.0f} s total, of which training {train_seconds:.0f} s
 ({config.steps} steps, batch {config.batch_size}, task cycle {list(CYCLE)}; includes compile).
 
@@ -132,15 +106,21 @@ Parameters: checkpoint/ (orbax StandardCheckpointer; restore with
     print(f"wrote {out} in {wall:.0f} s")
 
 
-def specialize(task: str, out: str | None):
+def command(argv) -> str:
+    """The command line of this run, as a user would retype it."""
+    return " ".join(["python experiments/llm_warm_start.py"]
+                    + list(argv if argv is not None else sys.argv[1:]))
+
+
+def specialize(task: str, out: str | None, argv=None):
     """Rounds of behaviour cloning on ``task`` alone from the multi-task checkpoint."""
-    out = out or f"results/llm_warm_start_{task}"
+    out = out or str(RESULTS / f"llm_warm_start_{task}")
     os.makedirs(out, exist_ok=True)
     rounds, config, seed = SPECIALIZE[task]
     model_config, env = preset("tiny"), TASKS[task]
-    params = restore_params("results/llm_warm_start/checkpoint", model_config)
-    key = jax.random.PRNGKey(seed)
-    start, rows, history = time.time(), [], []
+    params = restore_params(WARM_START, model_config)
+    key = seed_key(seed)
+    started, rows, history = time.perf_counter(), [], []
 
     def evaluate_both(params, after):
         row = {"after_steps": after}
@@ -156,30 +136,22 @@ def specialize(task: str, out: str | None):
                                   params=params)
         history += [{**row, "round": r} for row in part]
         evaluate_both(params, (r + 1) * config.steps)
-    wall = time.time() - start
+    info = provenance(command=command(argv), started=started)
+    wall = info["wall_seconds"]
     save_params(os.path.join(out, "checkpoint"), params)
-    for name, table in (("success.csv", rows), ("history.csv", history)):
-        with open(os.path.join(out, name), "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(table[0]))
-            writer.writeheader()
-            writer.writerows(table)
+    write_csv(os.path.join(out, "success.csv"), rows)
+    write_csv(os.path.join(out, "history.csv"), history)
     with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump({"specialize": task, "rounds": rounds, "seed": seed,
+        json.dump({"specialize": task, "rounds": rounds, "seed": seed, **info,
                    "init": "results/llm_warm_start/checkpoint",
                    "warm_start": dataclasses.asdict(config),
                    "task": {"class": type(env).__name__, **dataclasses.asdict(env)}}, f, indent=1)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or "unknown"
     table = "\n".join(f"| {r['after_steps']} | {r['success_t1']:.3f} | {r['success_greedy']:.3f} "
                       f"| {r['format_ok_t1']:.3f} |" for r in rows)
     with open(os.path.join(out, "README.md"), "w") as f:
         f.write(f"""# Arithmetic-specialised warm start of the tiny LM
 
-Command: `.venv/bin/python experiments/llm_warm_start.py --specialize {task}`
-Commit: {commit} (plus the uncommitted working tree at the time of the run)
-Machine: {platform.machine()}, {os.cpu_count()} CPU cores (shared), {platform.platform()},
-jax {jax.__version__} on {jax.default_backend()}
-Wall time: {wall:.0f} s
+{provenance_line(info)}
 
 From results/llm_warm_start/checkpoint (the multi-task warm start), {rounds} rounds of
 {config.steps} behaviour-cloning steps at batch {config.batch_size} on {type(env).__name__}

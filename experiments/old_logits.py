@@ -33,137 +33,31 @@ import csv
 import dataclasses
 import json
 import os
-import platform
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
+from fresh_rl.eval import seed_interval
+from fresh_rl.llm import async_pipeline as ap
+from fresh_rl.llm.evaluation import evaluate_policies
+from fresh_rl.llm.old_logits import ROUTES
+from fresh_rl.llm.presets import OLD_LOGITS_SCALES as SCALES
+from fresh_rl.llm.presets import RESULTS, OldLogitsScale, load_params
+from fresh_rl.provenance import provenance, write_csv
+from fresh_rl.sweep.checkpoint import RunCheckpointer
+from fresh_rl.sweep.keys import seed_key, split_run_key, step_key
 
-from fresh_rl.eval import seed_interval  # noqa: E402
-from fresh_rl.llm import async_pipeline as ap  # noqa: E402
-from fresh_rl.llm.model import preset  # noqa: E402
-from fresh_rl.llm.old_logits import ROUTES  # noqa: E402
-from fresh_rl.llm.tasks import ArithmeticTask  # noqa: E402
-from fresh_rl.llm.trainer import RLConfig, collect  # noqa: E402
-from fresh_rl.sweep.checkpoint import RunCheckpointer  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WARM_START = os.path.join(ROOT, "results", "llm_warm_start", "checkpoint")
-ARITHMETIC_WARM_START = os.path.join(ROOT, "results", "llm_warm_start_arithmetic", "checkpoint")
+Scale = OldLogitsScale
 CURVE_METRICS = ("success_rate", "active_token_fraction", "abs_log_rd_mean")
-EVAL_SEED = 10_000  # the evaluation episodes, shared by every policy and by llm_rl_probe.py
-
-
-@dataclasses.dataclass(frozen=True)
-class Scale:
-    """One experiment scale. ``grid_routes`` × ``windows`` × ``seeds`` learning-curve runs;
-    ``partial_routes`` run again with partial rollouts at ``partial_window``; the routes not
-    in the grid are run once (seed 0) at ``overhead_window`` for the overhead table."""
-
-    model: str
-    rl: RLConfig
-    env: ArithmeticTask
-    windows: tuple[int, ...]
-    grid_routes: tuple[str, ...]
-    seeds: int
-    iterations: int
-    overhead_window: int
-    overhead_iterations: int
-    partial_routes: tuple[str, ...] = ()
-    partial_window: int = 4
-    segment_tokens: int = 8
-    eval_episodes: int = 0  # 0: no evaluation
-    warm_start: str | None = None  # tiny-model checkpoint (None: the multi-task WARM_START)
-
-
-# Our tuning probe of the synchronous trainer from the warm start (GRPO, 30-40 iterations of
-# 64-128 episodes, lr 3e-4 / 1e-3 / 3e-3) found no setting that clearly raised arithmetic
-# success above the warm start's ~0.05 (README.md). lr 1e-3 is the stable middle: large
-# enough for the policy to drift measurably per version, which is what staleness acts on.
-RL_TINY = RLConfig(estimator="grpo", num_groups=8, group_size=8, learning_rate=1e-3,
-                   loss="decoupled")
-# ci: from the arithmetic-specialised warm start (≈ 0.2 success), on a fixed training set of
-# 32 prompts (RLConfig.prompt_pool), 2 epochs per batch at lr 1e-4. Our probes
-# (results/old_logits/README.md, "RL from the arithmetic warm start") found that RL at this
-# budget raises success on the prompts it trains on but not on unseen prompts, so the ci run
-# scores both.
-SCALES = {
-    "ci": Scale(model="tiny", rl=dataclasses.replace(RL_TINY, learning_rate=1e-4, epochs=2,
-                                                     prompt_pool=32),
-                env=ArithmeticTask(digits=1, steps=2), windows=(1,), grid_routes=("snapshot",),
-                seeds=1, iterations=16, overhead_window=1, overhead_iterations=0,
-                eval_episodes=1024, warm_start=ARITHMETIC_WARM_START),
-    "cpu": Scale(model="tiny", rl=dataclasses.replace(RL_TINY, num_groups=4),
-                 env=ArithmeticTask(digits=1, steps=2), windows=(1, 2, 4, 8),
-                 grid_routes=("recompute_current", "snapshot", "linear_proxy", "ewma",
-                              "ewma_no_reset"),
-                 seeds=3, iterations=12, overhead_window=4, overhead_iterations=4),
-    "paper": Scale(model="qwen2.5-0.5b",
-                   rl=dataclasses.replace(RL_TINY, num_groups=64, group_size=8,
-                                          learning_rate=1e-6, minibatches=4),
-                   env=ArithmeticTask(digits=2, steps=2), windows=(1, 2, 4, 8),
-                   grid_routes=ROUTES, seeds=5, iterations=300, overhead_window=4,
-                   overhead_iterations=10, partial_routes=ROUTES, partial_window=4,
-                   segment_tokens=32, eval_episodes=1024),
-}
-
-
-def load_params(scale: Scale, checkpoint: str | None):
-    if scale.model == "tiny":
-        from fresh_rl.llm.warm_start import restore_params
-        return preset("tiny"), restore_params(checkpoint or WARM_START, preset("tiny"))
-    if checkpoint is None:
-        raise ValueError(f"--checkpoint (a Hugging Face model folder) is required for the "
-                         f"{scale.model} preset")
-    from fresh_rl.llm.checkpoint import load_hf_checkpoint
-    return load_hf_checkpoint(checkpoint)
-
-
-def make_evaluator(scale: Scale, model_config, on_training_prompts: bool = False):
-    """Jitted ``(params, key) -> successes [E]`` of the bf16 sampler at the RL temperature;
-    the same key gives the same prompts. ``on_training_prompts``: the ``rl.prompt_pool``
-    training prompts, each ``E / prompt_pool`` times; else E fresh (held-out) prompts."""
-    pool = scale.rl.prompt_pool if on_training_prompts else 0
-    config = dataclasses.replace(scale.rl, num_groups=pool or scale.eval_episodes,
-                                 group_size=scale.eval_episodes // pool if pool else 1,
-                                 estimator="reinforce_pp", prompt_pool=pool)
-    return jax.jit(lambda p, k: collect(p, k, config=config, env=scale.env,
-                                        model_config=model_config).success)
-
-
-def evaluate_policies(scale: Scale, model_config, policies: dict) -> list[dict]:
-    """Success of every policy on the same episodes (``EVAL_SEED``: same prompts and sampling
-    keys): on held-out prompts and, with a prompt pool, on the training prompts."""
-    key = jax.random.PRNGKey(EVAL_SEED)
-    rows = []
-    for prompts in (("training", "held_out") if scale.rl.prompt_pool else ("held_out",)):
-        evaluate = make_evaluator(scale, model_config, prompts == "training")
-        for name, params in policies.items():
-            success = evaluate(params, key)
-            rows.append({"policy": name, "prompts": prompts, "episodes": int(success.shape[0]),
-                         "success": float(jnp.mean(success.astype(jnp.float32)))})
-    return rows
-
-
-def async_config_for(scale: Scale, route: str, partial: bool = False) -> ap.AsyncConfig:
-    return ap.AsyncConfig(staleness_window=max(scale.windows + (scale.overhead_window,)),
-                          old_logit_route=route, partial_rollouts=partial,
-                          segment_tokens=scale.segment_tokens)
+# Run CSVs written before the metric renames (results/old_logits/runs/*.csv) load under the
+# current names.
+RENAMED_COLUMNS = {"lag_mean": "lag/version_gap_mean", "lag_max": "lag/version_gap_max"}
 
 
 def run_name(route: str, window: int, partial: bool, seed: int) -> str:
     return f"{route}_W{window}{'_partial' if partial else ''}_seed{seed}"
-
-
-def write_csv(path: str, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def run_one(scale: Scale, route: str, window: int, partial: bool, seed: int, iterations: int,
@@ -171,17 +65,24 @@ def run_one(scale: Scale, route: str, window: int, partial: bool, seed: int, ite
     """One run at window ``window``; writes its CSV and returns ``(history, final_params)``.
     The ring holds max(windows) + 1 versions for every run, so each route compiles once. An
     interrupted run resumes from its newest checkpoint in ``out/checkpoints/<run>``."""
-    async_config = async_config_for(scale, route, partial)
+    async_config = scale.async_config(route, partial)
     name = run_name(route, window, partial, seed)
     checkpointer = RunCheckpointer(os.path.join(out, "checkpoints", name),
                                    fingerprint=repr((scale, name, iterations)))
-    state, history = ap.train_loop(scale.rl, async_config, jax.random.PRNGKey(seed), iterations,
+    state, history = ap.train_loop(scale.rl, async_config, seed, iterations,
                                    params=params, env=scale.env, model_config=model_config,
                                    window=window, checkpointer=checkpointer, checkpoint_every=4)
     rows = [{"step": i, **{k: float(v[i]) for k, v in history.items()}}
             for i in range(iterations)]
     write_csv(os.path.join(out, "runs", run_name(route, window, partial, seed) + ".csv"), rows)
     return history, state.train.params
+
+
+def read_run_csv(path: str) -> dict[str, np.ndarray]:
+    """A run CSV as ``{metric: [steps]}`` (old column names mapped by RENAMED_COLUMNS)."""
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    return {RENAMED_COLUMNS.get(k, k): np.array([float(r[k]) for r in rows]) for k in rows[0]}
 
 
 def load_runs(scale: Scale, out: str) -> tuple[dict, dict]:
@@ -194,18 +95,15 @@ def load_runs(scale: Scale, out: str) -> tuple[dict, dict]:
             path = os.path.join(out, "runs", run_name(route, window, partial, seed) + ".csv")
             if not os.path.exists(path):
                 continue
-            with open(path) as f:
-                rows = list(csv.DictReader(f))
-            history = {k: np.array([float(r[k]) for r in rows]) for k in rows[0] if k != "step"}
+            history = read_run_csv(path)
+            history.pop("step", None)
             histories.setdefault((route, window, partial), []).append(history)
             if window == scale.overhead_window and not partial and seed == 0:
                 timed[route] = history
     for route in ROUTES:
         path = os.path.join(out, "runs", run_name(route, scale.overhead_window, False, 0) + ".csv")
         if route not in timed and os.path.exists(path):
-            with open(path) as f:
-                rows = list(csv.DictReader(f))
-            timed[route] = {k: np.array([float(r[k]) for r in rows]) for k in rows[0]}
+            timed[route] = read_run_csv(path)
     return histories, timed
 
 
@@ -227,7 +125,8 @@ def summarise(histories: dict, scale: Scale) -> tuple[list[dict], list[dict]]:
                              ("active_fraction", stacked["active_token_fraction"][:, full].mean(1)),
                              ("abs_log_rd", stacked["abs_log_rd_mean"][:, full].mean(1)),
                              ("clip_fraction", stacked["clip_fraction"][:, full].mean(1)),
-                             ("lag_mean", stacked["lag_mean"][:, full].mean(1)),
+                             ("version_gap_mean",
+                              stacked["lag/version_gap_mean"][:, full].mean(1)),
                              ("ewma_resets", stacked["ewma_reset_count"][:, -1])):
             mean, low, high = seed_interval(values, axis=0)
             row.update({name: float(mean), f"{name}_low": float(low),
@@ -242,18 +141,20 @@ def time_routes_interleaved(scale: Scale, params, model_config, rounds: int) -> 
     every route sees the same background load (the machine is shared). Returns
     ``{route: {"wall_seconds": [rounds], "old_logit_forwards": [rounds]}}``."""
     runs = {}
+    _, key_loop = split_run_key(seed_key(0))
+    warmup = scale.overhead_window + 1
     for route in ROUTES:
-        async_config = async_config_for(scale, route)
+        async_config = scale.async_config(route)
         step = ap.make_iteration(scale.rl, async_config, scale.env, model_config)
         state = ap.init_state(scale.rl, async_config, params, scale.overhead_window)
-        for i in range(scale.overhead_window + 1):
-            state, _ = step(state, jax.random.fold_in(jax.random.PRNGKey(0), i))
+        for i in range(warmup):
+            state, _ = step(state, step_key(key_loop, i))
         runs[route] = [step, state, {"wall_seconds": [], "old_logit_forwards": []}]
     for r in range(rounds):
         for route, run in runs.items():
             step, state, timing = run
             start = time.perf_counter()
-            state, metrics = step(state, jax.random.PRNGKey(1000 + r))
+            state, metrics = step(state, step_key(key_loop, warmup + r))
             forwards = float(metrics["old_logit_forwards"])  # blocks on the iteration
             timing["wall_seconds"].append(time.perf_counter() - start)
             timing["old_logit_forwards"].append(forwards)
@@ -264,7 +165,7 @@ def time_routes_interleaved(scale: Scale, params, model_config, rounds: int) -> 
 def overhead_rows(timed: dict, scale: Scale, params) -> list[dict]:
     rows = []
     for route, history in timed.items():
-        costs = ap.route_costs(async_config_for(scale, route), params, scale.overhead_window)
+        costs = ap.route_costs(scale.async_config(route), params, scale.overhead_window)
         seconds = history["wall_seconds"][1:] if len(history["wall_seconds"]) > 1 \
             else history["wall_seconds"]
         rows.append({"route": route, "window": scale.overhead_window, **costs,
@@ -345,16 +246,17 @@ def main(argv=None):
                         help="another fixed training set (scales with RLConfig.prompt_pool)")
     parser.add_argument("--resume", action="store_true",
                         help="skip the runs whose CSV exists in --out/runs and summarise all")
+    add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
+    enable_from_args(args)
     scale = SCALES[args.scale]
     if args.prompt_pool_seed is not None:
         scale = dataclasses.replace(scale, rl=dataclasses.replace(
             scale.rl, prompt_pool_seed=args.prompt_pool_seed))
-    out = args.out or os.path.join(ROOT, "results",
-                                   "old_logits_ci" if args.scale == "ci" else "old_logits")
+    out = args.out or str(RESULTS / ("old_logits_ci" if args.scale == "ci" else "old_logits"))
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
-    start = time.time()
-    model_config, params = load_params(scale, args.checkpoint or scale.warm_start)
+    start, started = time.time(), time.perf_counter()
+    model_config, params = load_params(scale.model, args.checkpoint or scale.warm_start)
     log = lambda msg: print(f"[{time.time() - start:7.0f}s] {msg}", flush=True)  # noqa: E731
     if args.overhead_only:
         timed = time_routes_interleaved(scale, params, model_config, args.overhead_only)
@@ -406,13 +308,12 @@ def main(argv=None):
         write_csv(os.path.join(out, "eval.csv"), rows)
         log(f"evaluation: {rows}")
     plot(curves, scale, out)
-    wall = time.time() - start
+    info = provenance(command=" ".join(["python experiments/old_logits.py"]
+                                       + list(argv if argv is not None else sys.argv[1:])),
+                      started=started)
+    wall = info["wall_seconds"]
     with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump({"scale": args.scale, "command": " ".join(["experiments/old_logits.py"]
-                                                            + (argv or sys.argv[1:])),
-                   "wall_seconds": wall, "machine": f"{platform.machine()}, "
-                   f"{os.cpu_count()} CPU cores, {platform.platform()}, jax {jax.__version__} "
-                   f"on {jax.default_backend()}",
+        json.dump({"scale": args.scale, **info,
                    **{k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
                       for k, v in dataclasses.asdict(scale).items()}},
                   f, indent=1, default=str)

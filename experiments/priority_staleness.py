@@ -21,10 +21,8 @@ writes ``results/freshper/priority_staleness.{csv,png,md}``.
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import platform
-import subprocess
+import functools
 import time
 from pathlib import Path
 
@@ -32,9 +30,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
+from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
 from fresh_rl.replay import ReplayConfig, magnitude_priority, make_trajectory_buffer
+from fresh_rl.sweep import product_grid, run_sharded, to_host
 
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "freshper"
+RESULTS = REPOSITORY_ROOT / "results" / "freshper"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,31 +114,30 @@ def simulate(config: StalenessConfig, replay: ReplayConfig, key: jax.Array):
 
 
 def run(config: StalenessConfig, seed: int = 0):
+    """Every sampler on the same streams: seeds ``seed … seed + num_seeds − 1`` (one grid,
+    sharded over all devices by :func:`fresh_rl.sweep.run_sharded`)."""
+    grid = product_grid(config.num_seeds, seed=seed)
     results = {}
     for name, overrides in SAMPLERS.items():
         replay = ReplayConfig(capacity=config.capacity, sample_batch_size=config.sample_batch,
                               new_item_priority="given", **overrides)
-        keys = jax.random.split(jax.random.key(seed), config.num_seeds)
-        metrics = jax.jit(jax.vmap(lambda k: simulate(config, replay, k)))(keys)
-        results[name] = jax.tree.map(np.asarray, metrics)  # each [seeds, versions]
+        metrics = run_sharded(functools.partial(simulate, config, replay), grid.keys)
+        results[name] = to_host(metrics)  # each [seeds, versions]
     return results
 
 
-def write_outputs(results, config: StalenessConfig, scale: str, out: Path, wall: float):
+def write_outputs(results, config: StalenessConfig, seed: int, out: Path, info: dict, scale: str):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / "priority_staleness.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["sampler", "seed", "version", "mean_age", "stale_share", "ess_fraction"])
-        for name, m in results.items():
-            for s in range(m["mean_age"].shape[0]):
-                for v in range(m["mean_age"].shape[1]):
-                    writer.writerow([name, s, v, f"{m['mean_age'][s, v]:.3f}",
-                                     f"{m['stale_share'][s, v]:.4f}", f"{m['ess_fraction'][s, v]:.4f}"])
+    write_csv(out / "priority_staleness.csv", (
+        {"sampler": name, "seed": seed + s, "version": v, "mean_age": f"{m['mean_age'][s, v]:.3f}",
+         "stale_share": f"{m['stale_share'][s, v]:.4f}", "ess_fraction": f"{m['ess_fraction'][s, v]:.4f}"}
+        for name, m in results.items()
+        for s in range(m["mean_age"].shape[0]) for v in range(m["mean_age"].shape[1])))
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     panels = [("mean_age", "mean age of replayed trajectories (versions)"),
@@ -158,12 +158,9 @@ def write_outputs(results, config: StalenessConfig, scale: str, out: Path, wall:
     fig.savefig(out / "priority_staleness.png", dpi=120)
 
     last = slice(-max(1, config.num_versions // 10), None)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=Path(__file__).parent).stdout.strip() or "unknown"
     lines = [
         "# Priority staleness (FreshPER motivation)", "",
-        f"Command: `python experiments/priority_staleness.py --scale {scale}`; commit {commit}; "
-        f"{platform.machine()} CPU; wall time {wall:.0f} s.", "",
+        provenance_line(info), "",
         f"Config: `{config}`", "",
         "Averages over the last 10% of versions and over seeds (± std across seeds):", "",
         "| sampler | mean sampled age | share from the older half of the buffer | mean ESS fraction |",
@@ -184,11 +181,13 @@ def main():
     parser.add_argument("--scale", choices=sorted(SCALES), default="cpu")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    add_compilation_cache_flag(parser)
     args = parser.parse_args()
+    enable_from_args(args)
     config = SCALES[args.scale]
     start = time.perf_counter()
     results = run(config, args.seed)
-    write_outputs(results, config, args.scale, args.out, time.perf_counter() - start)
+    write_outputs(results, config, args.seed, args.out, provenance(started=start), args.scale)
 
 
 if __name__ == "__main__":

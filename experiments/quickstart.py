@@ -9,23 +9,33 @@
    (``experiments/old_logits.py --scale ci``).
 
 Each part writes into ``results/quickstart/<part>/`` (figures, CSVs, a summary) and this
-script writes ``results/quickstart/README.md`` with the wall time of every part. Parts that
-already finished are resumed from their saved runs where the script supports it.
+script writes ``results/quickstart/README.md`` with every part's wall time and the part of it
+spent tracing and compiling XLA programs (or loading them from the persistent compilation
+cache, ``fresh_rl.compilation_cache``). Each run is also appended to
+``results/quickstart/timings.csv``, so the README can show a first run (empty cache) next to
+a rerun (warm cache). Parts that already finished are resumed from their saved runs where the
+script supports it; ``--fresh`` deletes the outputs first, so everything is recomputed.
 
     python experiments/quickstart.py
+    python experiments/quickstart.py --fresh    # recompute every part (the cache still applies)
 """
 from __future__ import annotations
 
 import argparse
+import csv
+import json
 import os
-import platform
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "results" / "quickstart"
+from fresh_rl.compilation_cache import REPORT_VARIABLE, cache_directory
+from fresh_rl.provenance import REPOSITORY_ROOT, git_commit, machine_description, write_csv
+
+OUT = REPOSITORY_ROOT / "results" / "quickstart"
 
 PARTS = (
     ("freshper_priority_staleness", "FreshPER: priority staleness (PER vs FreshPER vs uniform)",
@@ -35,6 +45,30 @@ PARTS = (
     ("old_logits", "Missing old logits: routes and the mask collapse (CI scale)",
      ["experiments/old_logits.py", "--scale", "ci"]),
 )
+TIMING_FIELDS = ("run_id", "commit", "cache", "part", "wall_seconds", "compile_seconds", "run_seconds")
+
+
+def run_part(name: str, command: list[str], out: Path, fresh: bool) -> dict:
+    """Run one part in its own process; returns its wall and compile seconds."""
+    if fresh and out.exists():
+        shutil.rmtree(out)
+    full = [sys.executable, *command, "--out", str(out)]
+    print(f"$ {' '.join(full[1:])}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "compile.json"
+        start = time.perf_counter()
+        subprocess.run(full, cwd=REPOSITORY_ROOT, check=True, env={**os.environ, REPORT_VARIABLE: str(report)})
+        wall = time.perf_counter() - start
+        compile_s = json.loads(report.read_text())["total"] if report.exists() else float("nan")
+    return {"part": name, "wall_seconds": round(wall, 1), "compile_seconds": round(compile_s, 1),
+            "run_seconds": round(wall - compile_s, 1)}
+
+
+def read_timings(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
 
 
 def main(argv=None):
@@ -42,29 +76,46 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--only", choices=[p[0] for p in PARTS], action="append",
                         help="run only these parts (repeatable)")
+    parser.add_argument("--fresh", action="store_true", help="delete each part's outputs first (recompute)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    cache = cache_directory()
+    cache_state = "off" if cache is None else ("warm" if cache.exists() and any(cache.iterdir()) else "empty")
+    commit = git_commit()
+    run_id = time.strftime("%Y-%m-%dT%H:%M:%S")
     rows = []
     for name, title, command in PARTS:
         if args.only and name not in args.only:
             continue
-        out = args.out / name
-        full = [sys.executable, *command, "--out", str(out)]
-        print(f"\n=== {title}\n$ {' '.join(full[1:])}", flush=True)
-        start = time.perf_counter()
-        subprocess.run(full, cwd=ROOT, check=True)
-        rows.append((name, title, " ".join(["python", *command, "--out", f"results/quickstart/{name}"]),
-                     time.perf_counter() - start))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip() or "unknown"
-    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()}"
+        print(f"\n=== {title}", flush=True)
+        row = run_part(name, command, args.out / name, args.fresh)
+        rows.append({"run_id": run_id, "commit": commit, "cache": cache_state, **row,
+                     "title": title, "command": " ".join(["python", *command, "--out", f"results/quickstart/{name}"])})
+    timings_path = args.out / "timings.csv"
+    history = read_timings(timings_path) + [{k: r[k] for k in TIMING_FIELDS} for r in rows]
+    write_csv(timings_path, history)
+
+    total = sum(r["wall_seconds"] for r in rows)
     lines = ["# Quickstart: the three papers' headline comparisons at small scale", "",
-             f"Made by `python experiments/quickstart.py` at commit {commit} on {machine}; "
-             f"total wall time {sum(r[3] for r in rows):.0f} s. Each part's folder holds its figures, CSVs and "
-             "summary; the committed full-scale results are in results/freshper, results/vaco and "
-             "results/old_logits.", "",
-             "| part | what | command | wall time |", "|---|---|---|---|"]
-    lines += [f"| `{n}/` | {t} | `{c}` | {s:.0f} s |" for n, t, c, s in rows]
+             f"Made by `python experiments/quickstart.py{' --fresh' if args.fresh else ''}` at commit "
+             f"{commit} on {machine_description()}; total wall time {total:.0f} s "
+             f"(compilation cache: {cache_state}{'' if cache is None else f', {cache}'}). Each part's folder "
+             "holds its figures, CSVs and summary; the committed full-scale results are in results/freshper, "
+             "results/vaco and results/old_logits.", "",
+             "| part | what | command | wall time | compiling | running |", "|---|---|---|---|---|---|"]
+    lines += [f"| `{r['part']}/` | {r['title']} | `{r['command']}` | {r['wall_seconds']:.0f} s | "
+              f"{r['compile_seconds']:.0f} s | {r['run_seconds']:.0f} s |" for r in rows]
+    same_commit = [h for h in history if h["commit"] == commit]
+    if len({h["run_id"] for h in same_commit}) > 1:
+        lines += ["", f"Every run recorded at this commit (`timings.csv`; seconds: wall / compiling / running):", "",
+                  "| run | cache | " + " | ".join(p[0] for p in PARTS) + " |",
+                  "|---|---|" + "---|" * len(PARTS)]
+        for run in dict.fromkeys(h["run_id"] for h in same_commit):
+            cells = {h["part"]: h for h in same_commit if h["run_id"] == run}
+            cache_cell = next(iter(cells.values()))["cache"]
+            lines.append(f"| {run} | {cache_cell} | " + " | ".join(
+                f"{float(cells[p[0]]['wall_seconds']):.0f} / {float(cells[p[0]]['compile_seconds']):.0f} / "
+                f"{float(cells[p[0]]['run_seconds']):.0f}" if p[0] in cells else "—" for p in PARTS) + " |")
     (args.out / "README.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

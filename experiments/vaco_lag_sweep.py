@@ -1,14 +1,16 @@
 """VACO under simulated policy lag: methods × lag levels × tasks × seeds, δ sweep, ablation.
 
-Reproduces the claim of VACO (arXiv 2603.01365; ../shared/papers/vaco.md): advantage
+Reproduces the claim of VACO (arXiv 2603.01365; docs/vaco.md): advantage
 realignment + the TV filter stay robust as policy lag grows, where PPO-KL, SPO and IMPALA
 degrade. Beyond the paper (the reviewers' complaints): ≥ 5 seeds, learning curves, PPO-clip as
 an extra baseline, a δ sweep and a component ablation.
 
-Every (task, variant) pair is one compiled program: ``train`` vmapped over seeds × lag levels
-(× δ values for VACO) through :class:`fresh_rl.control.train.SweepParams`. Finished pairs are
-saved to ``results/vaco/runs/*.npz`` as they complete, so an interrupted sweep resumes where it
-stopped (``--fresh`` recomputes everything).
+Every (task, variant) pair is one compiled program: ``train`` vmapped over the
+``fresh_rl.sweep.product_grid`` of seeds × lag levels (× δ values for VACO) with
+:class:`fresh_rl.control.HyperParams`, sharded over all devices by ``fresh_rl.sweep.run_sharded``
+(the same grid, keys and program as ``fresh-rl sweep``). Finished pairs are saved to
+``results/vaco/runs/*.npz`` as they complete, so an interrupted sweep resumes where it stopped
+(``--fresh`` recomputes everything); saved runs of an older key schedule are recomputed.
 
 Outputs (``results/vaco/``): ``runs.csv`` (one row per run: final score, initial score, lag
 metrics), ``curves.csv`` (seed-mean return per iteration with 95% bootstrap bands),
@@ -40,13 +42,14 @@ from pathlib import Path
 from typing import Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from fresh_rl.control.train import SweepParams, TrainConfig, train
+from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
+from fresh_rl.control import HyperParams, TrainConfig, train
 from fresh_rl.corrections import AdaptiveKLConfig
 from fresh_rl.eval import AGGREGATE_METRICS, aggregate_intervals, seed_interval
 from fresh_rl.lag import DelayConfig
+from fresh_rl.sweep import Grid, product_grid, run_sharded, to_host
 
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "vaco"
 
@@ -59,6 +62,9 @@ ABLATIONS = {
 }
 DELTAS = (0.05, 0.1, 0.2, 0.4)
 PAPER_DELTA = 0.2
+# Saved runs record the seed → key schedule they used; 2 = fresh_rl.sweep.keys (seed_key(s),
+# fold-in step keys). Runs without it (the older split-based keys) are recomputed.
+KEY_SCHEDULE = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +128,7 @@ SCALES = {
 
 
 def variant_config(task: Task, method: str, overrides: dict, ring_size: int) -> TrainConfig:
-    """The static config of one (task, variant); the lag itself is a traced SweepParams value."""
+    """The static config of one (task, variant); the lag itself is a traced HyperParams leaf."""
     extra = {}
     if method == "ppo_kl":
         # Our choice: adaptive β (PPO §4) with d_targ = 0.01 from β₀ = 1; the paper ran fixed β's.
@@ -131,27 +137,44 @@ def variant_config(task: Task, method: str, overrides: dict, ring_size: int) -> 
                        **dict(task.overrides), **extra, **overrides)
 
 
-def run_variant(config: TrainConfig, lags, deltas, num_seeds: int, seed: int) -> dict:
-    """All seeds × lags × deltas of one config in one compiled vmapped program.
+def variant_grid(config: TrainConfig, lags, deltas, num_seeds: int, seed: int) -> tuple[Grid, HyperParams]:
+    """Seeds ``seed … seed + S − 1`` × lags × δ (``product_grid``: δ inside lag, seed fastest,
+    so row-major ``[L, D, S]``) and the stacked :class:`HyperParams` of its points."""
+    grid = product_grid(num_seeds, seed=seed, lag=list(lags), vaco_delta=list(deltas))
+    return grid, HyperParams.from_grid(config, grid.values)
 
-    Returns numpy metrics shaped ``[lags, deltas, seeds, iterations]`` plus timing."""
+
+_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                   "/jax/core/compile/backend_compile_duration")
+_compile_seconds = [0.0]
+
+
+def _count_compile(event: str, duration: float, **_) -> None:
+    if event in _COMPILE_EVENTS:
+        _compile_seconds[0] += duration
+
+
+jax.monitoring.register_event_duration_secs_listener(_count_compile)
+
+
+def run_variant(config: TrainConfig, lags, deltas, num_seeds: int, seed: int) -> dict:
+    """All seeds × lags × deltas of one config in one compiled program sharded over all devices.
+
+    Returns numpy metrics shaped ``[lags, deltas, seeds, iterations]`` plus timing: compile_s
+    sums JAX's trace, lowering and XLA compile events of the call, run_s is the rest."""
     L, D, S = len(lags), len(deltas), num_seeds
-    keys = jax.random.split(jax.random.PRNGKey(seed), S)  # same seeds for every variant and lag
-    grid_keys = jnp.broadcast_to(keys, (L, D, S) + keys.shape[1:]).reshape(L * D * S, *keys.shape[1:])
-    lag_grid = jnp.broadcast_to(jnp.asarray(lags, jnp.int32)[:, None, None], (L, D, S)).reshape(-1)
-    delta_grid = jnp.broadcast_to(jnp.asarray(deltas, jnp.float32)[None, :, None], (L, D, S)).reshape(-1)
-    sweep = SweepParams(lag=lag_grid, vaco_delta=delta_grid)
-    fn = jax.jit(jax.vmap(train, in_axes=(None, 0, 0)), static_argnums=0)
+    grid, hparams = variant_grid(config, lags, deltas, num_seeds, seed)
+    hparams.validate(config)
+    fn = lambda key, hp: train(config, key, hp).metrics  # noqa: E731
+    compiled_before = _compile_seconds[0]
     start = time.perf_counter()
-    compiled = fn.lower(config, grid_keys, sweep).compile()
-    compile_s = time.perf_counter() - start
-    start = time.perf_counter()
-    out = jax.block_until_ready(compiled(grid_keys, sweep))
-    run_s = time.perf_counter() - start
+    out = to_host(jax.block_until_ready(run_sharded(fn, grid.keys, hparams)))
+    total_s = time.perf_counter() - start
+    compile_s = _compile_seconds[0] - compiled_before
     keep = ("episode_return", "episodes_completed", "lag/version_gap_mean", "lag/tv", "lag/ess",
             "loss/tv", "loss/filter_on", "loss/mask_fraction", "loss/clip_fraction", "loss/entropy")
-    metrics = {k: np.asarray(v).reshape(L, D, S, -1) for k, v in out.metrics.items() if k in keep}
-    return {"metrics": metrics, "compile_s": compile_s, "run_s": run_s,
+    metrics = {k: v.reshape(L, D, S, -1) for k, v in out.items() if k in keep}
+    return {"metrics": metrics, "compile_s": compile_s, "run_s": total_s - compile_s,
             "env_steps": L * D * S * config.num_iterations * config.batch_size}
 
 
@@ -178,6 +201,14 @@ def _variants(scale: Scale, task: Task):
             yield name, method, overrides, (PAPER_DELTA,)
 
 
+def saved_run_matches(data: dict, config: TrainConfig, seed: int, lags, deltas, num_seeds: int) -> bool:
+    """Whether a loaded ``.npz`` holds exactly this variant's grid under the current key schedule."""
+    return (data.get("key_schedule", np.array(1)).item() == KEY_SCHEDULE
+            and data["config"].item() == repr(config) and data["seed"].item() == seed
+            and tuple(data["lags"]) == tuple(lags) and tuple(data["deltas"]) == tuple(deltas)
+            and data["episode_return"].shape[2] == num_seeds)
+
+
 def run_all(scale: Scale, out_dir: Path, seed: int, fresh: bool, log=print) -> dict:
     """Run (or load) every (task, variant); returns {(task, variant): saved dict}."""
     runs_dir = out_dir / "runs"
@@ -190,15 +221,14 @@ def run_all(scale: Scale, out_dir: Path, seed: int, fresh: bool, log=print) -> d
             config = variant_config(task, method, overrides, ring)
             if path.exists() and not fresh:
                 data = dict(np.load(path, allow_pickle=False))
-                if data["config"].item() == repr(config) and data["seed"].item() == seed and \
-                        tuple(data["lags"]) == scale.lags and tuple(data["deltas"]) == deltas and \
-                        data["episode_return"].shape[2] == scale.num_seeds:
+                if saved_run_matches(data, config, seed, scale.lags, deltas, scale.num_seeds):
                     log(f"[resume] {task.name} {variant}: loaded {path.name}")
                     results[(task.name, variant)] = data
                     continue
             res = run_variant(config, scale.lags, deltas, scale.num_seeds, seed)
             data = {k.replace("/", "__"): v for k, v in res["metrics"].items()}
-            data.update(config=np.array(repr(config)), seed=np.array(seed), lags=np.array(scale.lags),
+            data.update(config=np.array(repr(config)), seed=np.array(seed), key_schedule=np.array(KEY_SCHEDULE),
+                        lags=np.array(scale.lags),
                         deltas=np.array(deltas), compile_s=np.array(res["compile_s"]),
                         run_s=np.array(res["run_s"]), env_steps=np.array(res["env_steps"]),
                         batch_size=np.array(config.batch_size))
@@ -460,7 +490,9 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bootstrap-reps", type=int, default=2000)
     parser.add_argument("--fresh", action="store_true", help="ignore saved runs and recompute all")
+    add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
+    enable_from_args(args)
     scale = SCALES[args.scale]
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()

@@ -14,6 +14,14 @@ optional field. ``--lag k`` is a shortcut for a fixed
 delay with a ring just large enough. Metrics go to ``metrics.csv`` and ``metrics.jsonl`` (one
 row per iteration; sweeps add one column per grid value) and, with ``--tensorboard``, to
 TensorBoard event files (needs the ``tensorboardX`` package).
+
+``sweep --grid NAME=v1,v2`` takes any field of :class:`fresh_rl.control.HyperParams` (lag,
+vaco_delta, learning_rate, entropy_coef, value_coef, kl_coef, gamma): the grid is one compiled
+program. Seed ``s`` is the run key ``PRNGKey(s)`` in ``train --seed s`` and in every sweep that
+includes it (``--seed b --seeds S`` runs seeds b … b + S − 1; docs/sweeps.md). Compiled programs
+are kept in JAX's persistent compilation cache (``fresh_rl.compilation_cache``; folder
+``$FRESH_RL_COMPILATION_CACHE_DIR`` or ``~/.cache/fresh_rl/xla``, off with
+``--no-compilation-cache`` or ``FRESH_RL_COMPILATION_CACHE=0``).
 """
 from __future__ import annotations
 
@@ -29,6 +37,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
+
+from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 
@@ -159,19 +169,21 @@ def _control_config(args):
 
 
 def cmd_train(args) -> None:
-    import jax
-
-    from fresh_rl.control import init_state, train_iteration
-    from fresh_rl.sweep import RunCheckpointer, progress_printer, run_resumable
+    from fresh_rl.control import HyperParams, init_state, train_iteration
+    from fresh_rl.sweep import RunCheckpointer, progress_printer, run_loop, seed_key, split_run_key
 
     config = _control_config(args)
+    hparams = HyperParams.from_config(config)
+    hparams.validate(config)
     out = Path(args.out)
     checkpointer = RunCheckpointer(out / "checkpoints", fingerprint=repr(config))
-    _, metrics = run_resumable(
-        functools.partial(init_state, config), functools.partial(train_iteration, config),
-        jax.random.PRNGKey(args.seed), config.num_iterations, checkpointer,
-        every=args.checkpoint_every or config.num_iterations,
-        on_checkpoint=progress_printer(f"{config.method} on {config.env_name}"),
+    key_init, key_loop = split_run_key(seed_key(args.seed))
+    every = args.checkpoint_every or config.num_iterations
+    _, metrics = run_loop(
+        lambda state, key: train_iteration(config, state, key, hparams),
+        init_state(config, key_init, hparams), key_loop, config.num_iterations,
+        steps_per_call=every, checkpointer=checkpointer, checkpoint_every=every,
+        on_progress=progress_printer(f"{config.method} on {config.env_name}"),
     )
     write_metrics(out, _metric_rows(metrics), args.tensorboard)
     (out / "config.txt").write_text(repr(config) + "\n")
@@ -180,34 +192,50 @@ def cmd_train(args) -> None:
 
 
 def _parse_grid(items: Sequence[str]) -> dict[str, list]:
-    allowed = ("lag", "vaco_delta")
+    """``["lag=0,4", "learning_rate=1e-3,3e-4"]`` → ``{name: values}`` for any HyperParams leaf
+    (ints for integer leaves, floats otherwise)."""
+    import jax.numpy as jnp
+
+    from fresh_rl.control import HyperParams
+
+    allowed = HyperParams.field_names()
     grid = {}
     for item in items:
         name, _, values = item.partition("=")
         if name not in allowed or not values:
             raise SystemExit(f"--grid takes NAME=v1,v2,… with NAME in {allowed}, got {item!r}")
-        grid[name] = [int(v) if name == "lag" else float(v) for v in values.split(",")]
+        kind = int if jnp.issubdtype(HyperParams.dtype(name), jnp.integer) else float
+        try:
+            grid[name] = [kind(v) for v in values.split(",")]
+        except ValueError as err:
+            raise SystemExit(f"--grid {name}: expected {kind.__name__} values, got {values!r}") from err
     return grid
 
 
-def cmd_sweep(args) -> None:
-    import jax.numpy as jnp
+def sweep_grid(config, num_seeds: int, seed: int, grid_values: dict):
+    """The sweep's grid points and their stacked HyperParams: ``product_grid`` of the seeds
+    ``seed … seed + num_seeds − 1`` and ``grid_values`` (the one seed → key schedule)."""
+    from fresh_rl.control import HyperParams
+    from fresh_rl.sweep import product_grid
 
-    from fresh_rl.control.train import SweepParams, TrainConfig, train
+    grid = product_grid(num_seeds, seed=seed, **grid_values)
+    return grid, HyperParams.from_grid(config, grid.values, size=grid.size)
+
+
+def cmd_sweep(args) -> None:
+    from fresh_rl.control.train import TrainConfig, train
     from fresh_rl.lag import DelayConfig
-    from fresh_rl.sweep import product_grid, run_sharded, to_host
+    from fresh_rl.sweep import run_sharded, to_host
 
     grid_values = _parse_grid(args.grid)
     extra = {}
     if "lag" in grid_values:
         extra["delay"] = DelayConfig.fixed(0, max(grid_values["lag"]) + 1)
     config = build_config(TrainConfig, args, **extra)
-    grid = product_grid(args.seeds, seed=args.seed, **grid_values)
-    sweep = SweepParams(
-        lag=jnp.asarray(grid.values["lag"], jnp.int32) if "lag" in grid.values else None,
-        vaco_delta=jnp.asarray(grid.values["vaco_delta"], jnp.float32) if "vaco_delta" in grid.values else None)
-    fn = lambda key, sweep: train(config, key, sweep).metrics  # noqa: E731
-    metrics = to_host(run_sharded(fn, grid.keys, sweep, chunk_size=args.chunk_size))
+    grid, hparams = sweep_grid(config, args.seeds, args.seed, grid_values)
+    hparams.validate(config)
+    fn = lambda key, hp: train(config, key, hp).metrics  # noqa: E731
+    metrics = to_host(run_sharded(fn, grid.keys, hparams, chunk_size=args.chunk_size))
     rows = []
     for i, point in enumerate(grid.rows):
         rows += _metric_rows({k: v[i] for k, v in metrics.items()}, point)
@@ -226,7 +254,7 @@ def _run_script(name: str, argv: Sequence[str]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fresh_rl.control import TrainConfig
+    from fresh_rl.control import HyperParams, TrainConfig
 
     parser = argparse.ArgumentParser(prog="fresh-rl", description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -245,10 +273,14 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_p.add_argument("--out", default="runs/sweep")
     sweep_p.add_argument("--seed", type=int, default=0)
     sweep_p.add_argument("--seeds", type=int, default=5, help="seeds per grid point (default: 5)")
-    sweep_p.add_argument("--grid", action="append", default=[], help="NAME=v1,v2 with NAME in lag, vaco_delta")
+    sweep_p.add_argument("--grid", action="append", default=[],
+                         help="NAME=v1,v2 with NAME a HyperParams field: " + ", ".join(HyperParams.field_names()))
     sweep_p.add_argument("--chunk-size", type=int, default=None, help="grid points per program call")
     sweep_p.add_argument("--tensorboard", action="store_true")
     add_config_arguments(sweep_p, TrainConfig)
+
+    for p in (train_p, sweep_p):
+        add_compilation_cache_flag(p)
 
     for name, helptext in (("experiment", "run experiments/<name>.py with the remaining arguments"),
                            ("figures", "remake an experiment's figures from its saved runs")):
@@ -266,6 +298,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Any:
         return _run_script(args.name, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    enable_from_args(args)
     try:
         return {"train": cmd_train, "sweep": cmd_sweep}[args.command](args)
     except ValueError as err:  # config validation: name the field, no traceback

@@ -38,8 +38,12 @@ def test_overrides_are_typed_nested_and_validated():
         cli.main(["train", "--method", "trpo"])
     with pytest.raises(SystemExit):
         cli.main(["train", "--num_envs", "many"])
-    with pytest.raises(SystemExit, match="--grid takes"):
-        cli.main(["sweep", "--grid", "gamma=0.9"])
+    with pytest.raises(SystemExit, match="--grid takes .*learning_rate"):
+        cli.main(["sweep", "--grid", "clip=0.1"])
+    assert cli._parse_grid(["lag=0,4", "learning_rate=1e-3,3e-4", "gamma=0.9"]) == {
+        "lag": [0, 4], "learning_rate": [1e-3, 3e-4], "gamma": [0.9]}
+    with pytest.raises(SystemExit, match="int"):
+        cli._parse_grid(["lag=0.5"])
 
 
 def test_train_writes_metrics_checkpoints_and_resumes(tmp_path, capsys):

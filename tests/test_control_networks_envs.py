@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fresh_rl.control import ActorCritic, PolicyOutput, VecEnv, entropy, log_prob, sample
-from fresh_rl.control.envs import init_running_stats, update_running_stats
+from fresh_rl.control.env_types import init_running_stats, update_running_stats
 
 
 def test_categorical_log_prob_entropy_match_distrax_and_numpy():

@@ -12,8 +12,7 @@ import pytest
 
 import jax.numpy as jnp
 
-from fresh_rl.control import METHODS, TrainConfig, train
-from fresh_rl.control.train import SweepParams
+from fresh_rl.control import METHODS, HyperParams, Method, TrainConfig, register_method, train
 from fresh_rl.corrections import AdaptiveKLConfig, VACOConfig
 from fresh_rl.lag import DelayConfig
 
@@ -144,19 +143,78 @@ def test_vaco_equals_ppo_clip_first_update_at_lag_zero(tiny_runs):
     assert float(a.metrics["loss/grad_norm"][0]) > 1e-3
 
 
-def test_sweep_params_equal_the_static_configs(tiny_runs):
-    """One compiled, vmapped run over SweepParams(lag, δ) reproduces the static-config runs."""
+def test_hyperparams_equal_the_static_configs(tiny_runs):
+    """One compiled, vmapped run over HyperParams(lag, δ) reproduces the static-config runs."""
     base = TrainConfig(**TINY, method="vaco", delay=DelayConfig.fixed(0, 3), num_actor_groups=2)
-    sweep = SweepParams(lag=jnp.array([LAG, 0]), vaco_delta=jnp.array([0.2, 0.2]))
+    sweep = HyperParams.from_grid(base, {"lag": [LAG, 0], "vaco_delta": [0.2, 0.2]})
     out = jax.jit(jax.vmap(train, in_axes=(None, None, 0)), static_argnums=0)(base, SEEDS[0], sweep)
     ref = tiny_runs["vaco"]  # static fixed lag 2, δ = 0.2
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x[0], y, rtol=1e-5, atol=1e-6), out.params, ref.params)
     np.testing.assert_array_equal(out.metrics["lag/version_gap_mean"][0], ref.metrics["lag/version_gap_mean"])
     np.testing.assert_array_equal(out.metrics["lag/version_gap_mean"][1], 0)
-    with pytest.raises(ValueError, match="lag"):
-        train(base, SEEDS[0], SweepParams(lag=jnp.array(3)))
-    with pytest.raises(ValueError, match="vaco_delta"):
-        train(base, SEEDS[0], SweepParams(vaco_delta=jnp.array(0.0)))
+
+
+def test_learning_rate_grid_is_one_program_matching_the_static_config(tiny_runs):
+    config = TrainConfig(**TINY, method="ppo_clip", delay=DelayConfig.fixed(LAG, 3), num_actor_groups=2)
+    grid = HyperParams.from_grid(config, {"learning_rate": [config.learning_rate, 10 * config.learning_rate]})
+    out = jax.jit(jax.vmap(train, in_axes=(None, None, 0)), static_argnums=0)(config, SEEDS[0], grid)
+    ref = tiny_runs["ppo_clip"]
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x[0], y, rtol=1e-5, atol=1e-6), out.params, ref.params)
+    assert not np.allclose(jax.tree.leaves(out.params)[0][1], jax.tree.leaves(ref.params)[0])
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("lag", 3, r"HyperParams.lag must be in \[0, 2\]"),
+        ("lag", 1.0, "HyperParams.lag must be an integer"),
+        ("vaco_delta", -1.0, r"HyperParams.vaco_delta must be in \(0.0, inf\]"),
+        ("vaco_delta", float("nan"), "HyperParams.vaco_delta"),
+        ("learning_rate", float("inf"), r"HyperParams.learning_rate must be in \(0.0, inf\)"),
+        ("entropy_coef", -0.1, "HyperParams.entropy_coef"),
+        ("value_coef", float("nan"), "HyperParams.value_coef"),
+        ("kl_coef", -1.0, "HyperParams.kl_coef"),
+        ("gamma", 1.5, r"HyperParams.gamma must be in \[0.0, 1.0\]"),
+    ],
+)
+def test_hyperparams_validate_names_the_field_and_range(field, value, message):
+    config = TrainConfig(**TINY, method="vaco", delay=DelayConfig.fixed(0, 3))
+    hp = HyperParams.from_config(config)
+    with pytest.raises(ValueError, match=message):
+        hp.replace(**{field: np.asarray([getattr(hp, field), value])}).validate(config)
+
+
+def test_hyperparams_lag_needs_a_fixed_delay_and_from_grid_checks_names():
+    config = TrainConfig(**TINY, delay=DelayConfig.uniform(0, 2, 3))
+    HyperParams.from_config(config).validate(config)  # the default lag is fine for any kind
+    with pytest.raises(ValueError, match="delay.kind='fixed'"):
+        HyperParams.from_config(config).replace(lag=jnp.asarray(1)).validate(config)
+    with pytest.raises(ValueError, match="unknown HyperParams fields"):
+        HyperParams.from_grid(config, {"clip": [0.1]})
+    assert set(HyperParams.field_names()) >= {"lag", "vaco_delta", "learning_rate", "entropy_coef",
+                                              "value_coef", "kl_coef", "gamma"}
+
+
+def test_registering_a_method_is_the_only_edit_needed():
+    """A plain policy gradient ``−mean(Â · log π)`` registered here trains with no other change."""
+    def plain_pg(logp, mb, hparams, config):
+        loss = -jnp.mean(mb["advantage"] * logp)
+        return loss, {"loss": loss}
+
+    register_method(Method("toy_pg", plain_pg))
+    try:
+        with pytest.raises(ValueError, match="already registered"):
+            register_method(Method("toy_pg", plain_pg))
+        config = TrainConfig(**TINY, method="toy_pg")
+        assert config.advantage_normalization_used == "standardize"
+        out = jax.jit(train, static_argnums=0)(config, SEEDS[0])
+        for name, value in out.metrics.items():
+            assert np.all(np.isfinite(np.asarray(value))), name
+        assert float(np.asarray(out.metrics["loss/grad_norm"]).min()) > 0
+    finally:
+        METHODS.pop("toy_pg")
+    with pytest.raises(ValueError, match="method"):
+        TrainConfig(**TINY, method="toy_pg")
 
 
 def test_adaptive_kl_doubles_beta_when_kl_exceeds_target(tiny_runs):

@@ -104,8 +104,8 @@ def test_version_lag_statistics():
     versions = np.array([[7, 5, 2], [6, 6, 0]], np.int32)
     mask = np.array([[True, True, False], [True, True, False]])
     out = version_lag_statistics(versions, 7, mask)
-    assert float(out["lag_mean"]) == pytest.approx((0 + 2 + 1 + 1) / 4)
-    assert float(out["lag_max"]) == 2.0
-    assert float(version_lag_statistics(versions, 7, np.zeros_like(mask))["lag_max"]) == 0.0
+    assert float(out["version_gap_mean"]) == pytest.approx((0 + 2 + 1 + 1) / 4)
+    assert float(out["version_gap_max"]) == 2.0
+    assert float(version_lag_statistics(versions, 7, np.zeros_like(mask))["version_gap_max"]) == 0.0
     with pytest.raises(AssertionError):
         version_lag_statistics(versions.astype(np.float32), 7)

@@ -180,7 +180,7 @@ def test_truncation_bootstraps_but_termination_does_not():
 
 
 def test_vtrace_on_policy_gae_form_equals_gae():
-    """With π = μ and ρ̄, c̄ ≥ 1, the GAE-like V-trace advantage is GAE(λ) (vaco.md §3.1 step 6)."""
+    """With π = μ and ρ̄, c̄ ≥ 1, the GAE-like V-trace advantage is GAE(λ) (docs/vaco.md)."""
     b = make_batch(5, terminations=0.1, truncations=0.1, mask_prob=0.1)
     b["log_rhos"] = np.zeros_like(b["log_rhos"])
     ours = run_ours(b, VTraceConfig(lambda_=0.95, rho_bar=1.0, c_bar=1.0))

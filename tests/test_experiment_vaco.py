@@ -1,6 +1,7 @@
 """The ``ci`` scale of experiments/vaco_lag_sweep.py runs inside the test suite: PPO-clip and
 VACO both learn CartPole, the outputs are written, and a second invocation resumes from the
-saved runs instead of recomputing them."""
+saved runs instead of recomputing them (and rejects runs of the old key schedule); its grid
+derives the same key per cell as ``fresh-rl sweep``."""
 import csv
 import importlib.util
 import sys
@@ -61,3 +62,35 @@ def test_second_invocation_resumes_from_saved_runs(ci_run, capsys):
     assert "[resume]" in capsys.readouterr().out
     for key, data in results.items():
         np.testing.assert_array_equal(again[key]["episode_return"], data["episode_return"])
+
+
+def test_study_and_cli_sweep_derive_the_same_key_per_grid_cell():
+    from fresh_rl import cli
+    from fresh_rl.sweep import seed_key
+
+    sweep = _load()
+    config = sweep.variant_config(sweep.SCALES["ci"].tasks[0], "vaco", {}, ring_size=9)
+    study = sweep.variant_grid(config, (0, 4, 8), (0.1, 0.2), num_seeds=4, seed=0)
+    sweep_cli = cli.sweep_grid(config, 4, 0, cli._parse_grid(["lag=0,4,8", "vaco_delta=0.1,0.2"]))
+    cells = []
+    for grid, hparams in (study, sweep_cli):
+        (i,) = [i for i, r in enumerate(grid.rows) if (r["seed"], r["lag"], r["vaco_delta"]) == (2, 4, 0.2)]
+        cells.append((np.asarray(grid.keys[i]), int(hparams.lag[i]), float(hparams.vaco_delta[i])))
+    np.testing.assert_array_equal(cells[0][0], cells[1][0])
+    np.testing.assert_array_equal(cells[0][0], seed_key(2))
+    assert cells[0][1:] == cells[1][1:] == (4, pytest.approx(0.2))
+    # the study's [L, D, S] reshape relies on product_grid's order: seed fastest, then δ, then lag
+    rows = study[0].rows
+    assert [(r["lag"], r["vaco_delta"], r["seed"]) for r in rows[:5]] == [
+        (0, 0.1, 0), (0, 0.1, 1), (0, 0.1, 2), (0, 0.1, 3), (0, 0.2, 0)]
+
+
+def test_saved_runs_of_the_old_key_schedule_are_rejected():
+    sweep = _load()
+    config = sweep.variant_config(sweep.SCALES["ci"].tasks[0], "vaco", {}, ring_size=5)
+    data = {"config": np.array(repr(config)), "seed": np.array(0), "lags": np.array([0, 4]),
+            "deltas": np.array([0.2]), "episode_return": np.zeros((2, 1, 2, 3))}
+    assert not sweep.saved_run_matches(data, config, 0, (0, 4), (0.2,), 2)  # no key_schedule: old
+    data["key_schedule"] = np.array(sweep.KEY_SCHEDULE)
+    assert sweep.saved_run_matches(data, config, 0, (0, 4), (0.2,), 2)
+    assert not sweep.saved_run_matches(data, config, 1, (0, 4), (0.2,), 2)

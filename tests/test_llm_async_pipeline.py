@@ -1,10 +1,13 @@
 """Asynchronous LLM RL simulator and old-logit routes (arXiv 2605.12070): config errors, the
 missing-old-logit mechanism on a controlled version ring, exactness of the exact routes,
 per-token version tags of partial rollouts, EWMA β = 0 ≡ recompute-with-current, W = 0 ≡
-the synchronous trainer, and the ci-scale experiment (reward improves over the warm start)."""
+the synchronous trainer, the route registry (a toy route needs no other edit), the traced
+hyperparameters, and the ci-scale experiment (reward improves over the warm start)."""
 import csv
 import dataclasses
+import math
 import os
+import subprocess
 import sys
 
 import jax
@@ -15,7 +18,9 @@ import pytest
 from fresh_rl.lag import version_ring
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm import old_logits as routes
+from fresh_rl.llm.hparams import LLMHyperParams
 from fresh_rl.llm.model import preset
+from fresh_rl.llm.presets import WARM_START
 from fresh_rl.llm.tasks import ArithmeticTask
 from fresh_rl.llm.trainer import RLConfig
 from fresh_rl.llm.trainer import train_loop as sync_train_loop
@@ -32,7 +37,7 @@ RING = 9  # versions 0..8: lags up to W = 8
 
 @pytest.fixture(scope="module")
 def params():
-    return restore_params(os.path.join(ROOT, "results", "llm_warm_start", "checkpoint"), MODEL)
+    return restore_params(WARM_START, MODEL)
 
 
 # --------------------------------------------------------------------------- config
@@ -57,10 +62,13 @@ def test_bad_config_names_the_field_and_range(kwargs, field):
 
 def test_config_defaults_and_loss_check():
     config = ap.AsyncConfig(staleness_window=4, old_logit_route="ewma")
-    assert config.ring_size == 5 and config.ewma.beta == pytest.approx(0.8)
-    assert config.ewma.reset_active_fraction == 0.9
-    assert ap.AsyncConfig(old_logit_route="ewma_no_reset").ewma.reset_active_fraction is None
-    assert ap.AsyncConfig(staleness_window=0).ewma.beta == 0.0
+    hparams = config.default_hparams()
+    assert config.ring_size == 5 and float(hparams.ewma_beta) == pytest.approx(0.8)
+    assert int(hparams.window) == 4 and float(hparams.age_decay_tau) == math.inf
+    assert float(hparams.ewma_reset_threshold) == pytest.approx(0.9)
+    assert config.route.uses_ewma and not ap.AsyncConfig().route.uses_ewma
+    assert float(ap.AsyncConfig(staleness_window=0).default_hparams().ewma_beta) == 0.0
+    assert float(ap.AsyncConfig(ewma_beta=0.5).default_hparams(window=0).ewma_beta) == 0.5
     with pytest.raises(ValueError, match="RLConfig.loss must be 'decoupled'"):
         ap.make_iteration(RLConfig(), ap.AsyncConfig(), ENV, MODEL)
     assert ap.chunk_schedule(ap.AsyncConfig(partial_rollouts=True, segment_tokens=8), 26) == (8, 4)
@@ -82,10 +90,25 @@ def test_route_costs(params):
 def test_init_state_window(params):
     config = ap.AsyncConfig(staleness_window=4, old_logit_route="ewma")
     state = ap.init_state(CONFIG, config, params, window=2)
-    assert int(state.window) == 2 and float(state.ewma_beta) == pytest.approx(2 / 3)
-    assert state.ring.capacity == 5
+    assert int(state.hparams.window) == 2
+    assert float(state.hparams.ewma_beta) == pytest.approx(2 / 3)
+    assert state.ring.capacity == 5 and state.ewma is not None
+    assert ap.init_state(CONFIG, ap.AsyncConfig(), params).ewma is None  # θ_ref iff uses_ewma
     with pytest.raises(ValueError, match=r"window must be in \[0, 4\]"):
         ap.init_state(CONFIG, config, params, window=5)
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (dict(window=-1), r"window must be in \[0, 4\]"),
+    (dict(window=1.5), r"window must be in \[0, 4\]"),
+    (dict(ewma_beta=1.5), r"LLMHyperParams.ewma_beta must be in \[0, 1\]"),
+    (dict(ewma_beta=math.nan), r"LLMHyperParams.ewma_beta must be in \[0, 1\]"),
+    (dict(ewma_reset_threshold=1.0), r"LLMHyperParams.ewma_reset_threshold must be in \(0, 1\)"),
+    (dict(age_decay_tau=2.0), "age_decay_tau needs LLMReplayConfig"),
+])
+def test_bad_hyperparameters_name_the_field_and_range(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        LLMHyperParams.from_config(ap.AsyncConfig(staleness_window=4), **overrides)
 
 
 # --------------------------------------------------------------------------- mechanism
@@ -132,7 +155,7 @@ def probe(drift_ring):
 
 
 def _abs_log_rd(old, episodes, action_mask):
-    return float(np.abs(old - episodes.behavior_logprobs)[action_mask].mean())
+    return float(np.abs(old - episodes.behaviour_log_probs)[action_mask].mean())
 
 
 def test_rd_grows_with_staleness_under_recompute_but_not_under_snapshot(probe):
@@ -184,7 +207,7 @@ EWMA_BETA0 = ap.AsyncConfig(staleness_window=2, old_logit_route="ewma", ewma_bet
 
 
 def _run(async_config, params, window=None):
-    return ap.train_loop(CONFIG, async_config, jax.random.PRNGKey(5), ITERATIONS, params=params,
+    return ap.train_loop(CONFIG, async_config, 5, ITERATIONS, params=params,
                          env=ENV, model_config=MODEL, window=window)
 
 
@@ -207,9 +230,9 @@ def test_ewma_beta_zero_equals_recompute_current(params):
     recompute = _run(ap.AsyncConfig(staleness_window=2, old_logit_route="recompute_current"),
                      params)
     ewma = _run(EWMA_BETA0, params)
-    _assert_same_run(recompute, ewma, COMPARED + ("lag_mean",))
+    _assert_same_run(recompute, ewma, COMPARED + ("lag/version_gap_mean",))
     # staleness is real here: the learner is ahead of the sampler and r_d shows it
-    assert recompute[1]["lag_mean"][-1] == 1.0  # iteration 1: only versions 0, 1 exist
+    assert recompute[1]["lag/version_gap_mean"][-1] == 1.0  # iteration 1: only versions 0, 1 exist
     assert recompute[1]["abs_log_rd_mean"][-1] > 0.02
     # θ_ref followed θ exactly
     for a, b in zip(jax.tree_util.tree_leaves(ewma[0].ewma.params),
@@ -221,11 +244,49 @@ def test_ewma_with_zero_staleness_equals_synchronous_trainer(params):
     # W = 0: the default β = W/(W + 1) is 0 too (EWMA_BETA0 only fixes it for W = 2 above)
     assert ap.AsyncConfig(staleness_window=0, old_logit_route="ewma").beta(0) == 0.0
     ewma = _run(EWMA_BETA0, params, window=0)
-    sync = sync_train_loop(CONFIG, jax.random.PRNGKey(5), ITERATIONS, params=params, env=ENV,
-                           model_config=MODEL)
+    sync = sync_train_loop(CONFIG, 5, ITERATIONS, params=params, env=ENV, model_config=MODEL)
     _assert_same_run(ewma, sync, COMPARED)
-    assert np.all(ewma[1]["lag_mean"] == 0.0)
+    assert np.all(ewma[1]["lag/version_gap_mean"] == 0.0)
     assert np.all(ewma[1]["abs_log_rd_mean"] < 0.03)  # only the bf16 discrepancy
+
+
+# --------------------------------------------------------------------------- registry
+
+
+def test_a_registered_route_runs_with_no_other_edit(params):
+    """A toy route (the sampler's own log-probs as old log-probs: no forward, no copy) is one
+    register_route call; config validation, init, collection, prepare, the loss and the cost
+    table all read the registry."""
+    toy = routes.OldLogitRoute(
+        "behaviour_as_old", lambda ctx: routes.RouteOutput(old=ctx.behaviour_log_probs))
+    with pytest.raises(ValueError, match="AsyncConfig.old_logit_route"):
+        ap.AsyncConfig(old_logit_route=toy.name)
+    routes.register_route(toy)
+    try:
+        with pytest.raises(ValueError, match="already registered"):
+            routes.register_route(toy)
+        config = ap.AsyncConfig(staleness_window=1, old_logit_route=toy.name)
+        state, history = ap.train_loop(CONFIG, config, 0, 1, params=params, env=ENV,
+                                       model_config=MODEL)
+        assert state.ewma is None and int(state.train.step) == 1
+        assert history["old_logit_forwards"][0] == 0.0
+        assert history["abs_log_rd_mean"][0] == 0.0  # old == behaviour: r_d = 1 exactly
+        assert ap.route_costs(config, params)["extra_param_copies"] == 0
+        assert toy.name in routes.routes_where(exact=False, collection_time=False)
+    finally:
+        routes.unregister_route(toy.name)
+    assert toy.name not in routes.ROUTES
+
+
+def test_registry_flags():
+    assert routes.routes_where(exact=True) == ("snapshot", "old_logit_model", "interrupt")
+    assert routes.routes_where(collection_time=True) == ("old_logit_model", "interrupt")
+    assert routes.routes_where(uses_ewma=True) == ("ewma", "ewma_no_reset")
+    assert {r: routes.ROUTES[r].proximal for r in routes.routes_where()
+            if routes.ROUTES[r].proximal} == {"linear_proxy": "linear",
+                                              "loglinear_proxy": "loglinear"}
+    with pytest.raises(ValueError, match="OldLogitRoute.proximal"):
+        routes.OldLogitRoute("bad", lambda ctx: None, proximal="cubic")
 
 
 # --------------------------------------------------------------------------- ci experiment
@@ -233,9 +294,10 @@ def test_ewma_with_zero_staleness_equals_synchronous_trainer(params):
 
 @pytest.fixture(scope="module")
 def ci_run(tmp_path_factory):
-    sys.path.insert(0, os.path.join(ROOT, "experiments"))
-    import old_logits as experiment
-    return experiment.main(["--scale", "ci", "--out", str(tmp_path_factory.mktemp("ci"))])
+    out = str(tmp_path_factory.mktemp("ci"))
+    subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "old_logits.py"),
+                    "--scale", "ci", "--out", out], check=True, cwd=ROOT)
+    return out
 
 
 def _read_csv(path):
@@ -252,7 +314,7 @@ def test_ci_experiment_writes_results(ci_run):
     # exact old logits: r_d is the bf16 discrepancy, the MIS mask keeps almost every token
     assert float(summary["abs_log_rd"]) < 0.03
     assert float(summary["active_fraction"]) > 0.97
-    assert float(summary["lag_mean"]) > 0.5  # the data really was stale
+    assert float(summary["version_gap_mean"]) > 0.5  # the data really was stale
 
 
 def test_ci_experiment_improves_arithmetic_reward_over_the_warm_start(ci_run):

@@ -1,11 +1,13 @@
 """Replay in the LLM RL loop (FreshPER, arXiv 2604.16918): config errors, K = 0 is exactly
 on-policy, τ = ∞ is exactly standard PER, replayed samples carry their original behaviour
-log-probs and versions, checkpoint/resume is exact, and the ci-scale experiment."""
+log-probs and versions, τ lives in the hyperparameters (one place), checkpoint/resume is
+exact, and the ci-scale experiment."""
 import csv
 import dataclasses
 import math
 import os
 import shutil
+import subprocess
 import sys
 
 import jax
@@ -15,31 +17,30 @@ import pytest
 
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm import replay_trainer as rt
+from fresh_rl.llm.hparams import LLMHyperParams
 from fresh_rl.llm.model import preset
-from fresh_rl.llm.trainer import RLConfig
+from fresh_rl.llm.presets import FRESHPER_SCALES, SYNC, TASKS, WARM_START
+from fresh_rl.llm.trainer import RLConfig, loop_keys
 from fresh_rl.llm.warm_start import restore_params
 from fresh_rl.sweep.checkpoint import RunCheckpointer
+from fresh_rl.sweep.keys import step_key
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
-import freshper as experiment  # noqa: E402
-
 MODEL = preset("tiny")
-SCALE = experiment.SCALES["ci"]
-CONFIG, ENV = SCALE.rl, experiment.TASKS["arithmetic"]
+SCALE = FRESHPER_SCALES["ci"]  # the experiment's ci scale: same programs, same shapes
+CONFIG, ENV = SCALE.rl, TASKS["arithmetic"]
 METHODS = dict(SCALE.methods)
-SEEDS = SCALE.seeds
-KEY = jax.random.PRNGKey(3)
+SEEDS = list(range(SCALE.seeds))  # the experiment's seeds 0 … S − 1
 
 
 @pytest.fixture(scope="module")
 def params():
-    return restore_params(experiment.WARM_START, MODEL)
+    return restore_params(WARM_START, MODEL)
 
 
 def _run(replay_config, params, iterations=SCALE.iterations, **kwargs):
-    return rt.train_loop(CONFIG, experiment.SYNC, replay_config, KEY, iterations, params=params,
-                         env=ENV, model_config=MODEL, num_seeds=SEEDS, **kwargs)
+    return rt.train_loop(CONFIG, SYNC, replay_config, SEEDS, iterations, params=params,
+                         env=ENV, model_config=MODEL, **kwargs)
 
 
 def _assert_same(run_a, run_b, keys):
@@ -108,8 +109,8 @@ def test_priorities_and_insert_versions():
 
 def test_zero_replay_updates_is_exactly_on_policy(params):
     on_policy = _run(METHODS["on_policy"], params)
-    plain = ap.train_loop(CONFIG, experiment.SYNC, KEY, SCALE.iterations, params=params,
-                          env=ENV, model_config=MODEL, num_seeds=SEEDS)
+    plain = ap.train_loop(CONFIG, SYNC, SEEDS, SCALE.iterations, params=params,
+                          env=ENV, model_config=MODEL)
     _assert_same((plain[0], plain[1]), on_policy,
                  ("loss", "success_rate", "mean_return", "clip_fraction", "grad_norm"))
     assert np.all(on_policy[1]["replay/updates"] == 0)
@@ -119,31 +120,33 @@ def test_zero_replay_updates_is_exactly_on_policy(params):
 def test_infinite_tau_is_exactly_standard_per(params):
     per = _run(METHODS["per"], params)
     fresh = METHODS["freshper"]
-    state = rt.init_state(CONFIG, experiment.SYNC, fresh, params, ENV)
-    state = rt.set_initial_tau(state, fresh, CONFIG.batch_size, [math.inf] * SEEDS)
+    state = rt.init_state(CONFIG, SYNC, fresh, params, ENV)
+    state = rt.set_initial_tau(state, fresh, CONFIG.batch_size, [math.inf] * len(SEEDS))
     infinite = _run(fresh, params, state=state)
     _assert_same((per[0].pipeline, per[1]), infinite,
                  ("loss", "success_rate", "replay/loss", "replay/kl_k3", "replay/age_mean",
                   "replay/importance_weight_mean"))
     assert np.all(infinite[1]["age_decay_tau"] == np.inf)
+    assert np.all(per[1]["age_decay_tau"] == np.inf)  # standard PER: no decay
+    assert np.all(np.asarray(infinite[0].hparams.age_decay_tau) == np.inf)
     assert np.all(per[1]["replay/updates"][:, 1:] == 1)
     assert per[1]["replay/age_mean"][:, -1].max() > 0  # older batches were replayed
 
 
-def test_replayed_samples_carry_their_behaviour_logprobs_and_versions(params):
+def test_replayed_samples_carry_their_behaviour_log_probs_and_versions(params):
     fresh = METHODS["freshper"]
-    state = rt.init_state(CONFIG, experiment.SYNC, fresh, params, ENV)
-    keys = jax.random.split(KEY, SEEDS)
-    # the fresh batch of iteration 0, as the pipeline builds it
-    prepared = jax.jit(lambda s, k: ap.prepare(s, k, config=CONFIG, async_config=experiment.SYNC,
+    state = rt.init_state(CONFIG, SYNC, fresh, params, ENV)
+    key_loop, _ = loop_keys(SEEDS)
+    # the fresh batch of iteration 0 of row 0, as the pipeline builds it
+    prepared = jax.jit(lambda s, k: ap.prepare(s, k, config=CONFIG, async_config=SYNC,
                                                env=ENV, model_config=MODEL))(
-        state.pipeline, jax.random.fold_in(keys[0], 0))
+        state.pipeline, step_key(key_loop[0], 0))
     final, history = _run(fresh, params)
     b = CONFIG.batch_size
     stored = jax.tree_util.tree_map(lambda x: np.asarray(x[0, :b]), final.replay.experience)
     batch = prepared.batch
     np.testing.assert_array_equal(stored["tokens"], batch.tokens)
-    np.testing.assert_array_equal(stored["behavior_logprobs"], batch.behavior_logprobs)
+    np.testing.assert_array_equal(stored["behaviour_log_probs"], batch.behaviour_log_probs)
     np.testing.assert_array_equal(stored["old_logprobs"], batch.old_logprobs)
     np.testing.assert_array_equal(stored["version"][stored["action_mask"]], 0)
     stored_count = SCALE.iterations * b
@@ -154,7 +157,7 @@ def test_replayed_samples_carry_their_behaviour_logprobs_and_versions(params):
     assert history["replay/kl_k3"][0, -1] > 0
     sample = jax.tree_util.tree_map(lambda x: x[:4], stored)
     rebuilt = rt.replay_batch(sample, jnp.full((4,), 0.5), config=CONFIG, replay_config=fresh)
-    np.testing.assert_array_equal(rebuilt.behavior_logprobs, sample["behavior_logprobs"])
+    np.testing.assert_array_equal(rebuilt.behaviour_log_probs, sample["behaviour_log_probs"])
     np.testing.assert_array_equal(rebuilt.old_logprobs, sample["old_logprobs"])
 
 
@@ -175,12 +178,38 @@ def test_interrupted_run_resumes_exactly(params, tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+# --------------------------------------------------------------------------- τ hyperparameter
+
+
+def test_tau_lives_in_the_hyperparameters(params):
+    fresh = METHODS["freshper"]
+    state = rt.init_state(CONFIG, SYNC, fresh, params, ENV)
+    assert float(state.hparams.age_decay_tau) == fresh.age_decay_tau
+    # the buffer's own leaf is α/τ of that one value
+    np.testing.assert_allclose(float(state.replay.decay_rate),
+                               fresh.priority_exponent / fresh.age_decay_tau, rtol=1e-6)
+    changed = rt.with_age_decay_tau(state, fresh, CONFIG.batch_size, 2.0)
+    assert float(changed.hparams.age_decay_tau) == 2.0
+    np.testing.assert_allclose(float(changed.replay.decay_rate), fresh.priority_exponent / 2.0,
+                               rtol=1e-6)
+    per = rt.init_state(CONFIG, SYNC, METHODS["per"], params, ENV)
+    assert float(per.hparams.age_decay_tau) == math.inf
+    for bad in (0.0, -1.0, math.nan):
+        with pytest.raises(ValueError, match=r"age_decay_tau must be in \(0, inf\]"):
+            LLMHyperParams.from_config(SYNC, fresh, age_decay_tau=bad)
+        with pytest.raises(ValueError, match=r"age_decay_tau must be in \(0, inf\]"):
+            rt.set_initial_tau(state, fresh, CONFIG.batch_size, [4.0, bad])
+
+
 # --------------------------------------------------------------------------- ci experiment
 
 
 @pytest.fixture(scope="module")
-def ci_run(tmp_path_factory, params):
-    return experiment.main(["--scale", "ci", "--out", str(tmp_path_factory.mktemp("ci"))])
+def ci_run(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("ci"))
+    subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "freshper.py"),
+                    "--scale", "ci", "--out", out], check=True, cwd=ROOT)
+    return out
 
 
 def test_ci_experiment_writes_results(ci_run):

@@ -2,7 +2,6 @@
 deterministic RL run from the committed warm-start checkpoint (tiny preset, arithmetic)."""
 import dataclasses
 import math
-import os
 
 import hypothesis
 import hypothesis.strategies as st
@@ -13,6 +12,7 @@ import pytest
 
 from fresh_rl.corrections import MISConfig
 from fresh_rl.llm.model import preset
+from fresh_rl.llm.presets import WARM_START
 from fresh_rl.llm.rollout import expert_policy, run_episodes
 from fresh_rl.llm.sampler import token_logprobs_and_entropy
 from fresh_rl.llm.tasks import ArithmeticTask, FrozenLakeTask
@@ -20,7 +20,6 @@ from fresh_rl.llm.trainer import (Batch, RLConfig, group_prompt_match, group_res
                                   init_train_state, prompt_pool_keys, train_loop, update)
 from fresh_rl.llm.warm_start import restore_params
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = preset("tiny")
 ENV = ArithmeticTask(digits=1, steps=2)  # the warm start's arithmetic setting
 CONFIG = RLConfig(estimator="grpo", num_groups=2, group_size=4, learning_rate=1e-3)
@@ -28,7 +27,7 @@ CONFIG = RLConfig(estimator="grpo", num_groups=2, group_size=4, learning_rate=1e
 
 @pytest.fixture(scope="module")
 def params():
-    return restore_params(os.path.join(ROOT, "results", "llm_warm_start", "checkpoint"), MODEL)
+    return restore_params(WARM_START, MODEL)
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +39,11 @@ def expert_batch():
                                               reset_keys))(key)
     am = episodes.action_mask
     noise = jax.random.normal(jax.random.PRNGKey(4), am.shape)
-    behavior = jnp.where(am, -0.5 + 0.05 * noise, 0.0)
+    behaviour = jnp.where(am, -0.5 + 0.05 * noise, 0.0)
     adv = jnp.where(am, jnp.repeat(jnp.array([1.0, -1.0, 0.5, -0.5, 1.0, 0.0, -1.0, 2.0])[:, None],
                                    am.shape[1], axis=1), 0.0)
     return episodes, Batch(tokens=episodes.tokens, mask=episodes.mask, action_mask=am,
-                           behavior_logprobs=behavior, old_logprobs=behavior, advantages=adv)
+                           behaviour_log_probs=behaviour, old_logprobs=behaviour, advantages=adv)
 
 
 _update = jax.jit(lambda state, batch, key, config: update(state, batch, key, config=config,
@@ -169,7 +168,7 @@ def test_update_raises_positive_and_lowers_negative_advantage_sequences(params, 
     before = logp(params)
     current = jnp.where(batch.action_mask, jnp.asarray(
         token_logprobs_and_entropy(params, MODEL, batch.tokens, batch.mask)[0]), 0.0)
-    batch = batch.replace(behavior_logprobs=current, old_logprobs=current)
+    batch = batch.replace(behaviour_log_probs=current, old_logprobs=current)
     small = dataclasses.replace(CONFIG, learning_rate=1e-6)
     new, _ = _update(init_train_state(small, params), batch, jax.random.PRNGKey(0), small)
     change = logp(new.params) - before
@@ -182,7 +181,7 @@ def test_masked_tokens_do_not_change_the_update(params, expert_batch):
     _, batch = expert_batch
     state = init_train_state(CONFIG, params)
     outside = ~batch.action_mask
-    garbage = batch.replace(behavior_logprobs=jnp.where(outside, 7.0, batch.behavior_logprobs),
+    garbage = batch.replace(behaviour_log_probs=jnp.where(outside, 7.0, batch.behaviour_log_probs),
                             old_logprobs=jnp.where(outside, -9.0, batch.old_logprobs),
                             advantages=jnp.where(outside, 1e3, batch.advantages))
     new_a, m_a = _update(state, batch, jax.random.PRNGKey(0), CONFIG)
@@ -194,7 +193,7 @@ def test_masked_tokens_do_not_change_the_update(params, expert_batch):
 
 
 def test_decoupled_with_old_equal_sampler_equals_ppo_clip(params, expert_batch):
-    _, batch = expert_batch  # old_logprobs == behavior_logprobs, so r_d = 1
+    _, batch = expert_batch  # old_logprobs == behaviour_log_probs, so r_d = 1
     state = init_train_state(CONFIG, params)
     decoupled = RLConfig(estimator="grpo", num_groups=2, group_size=4, learning_rate=1e-3,
                          loss="decoupled", mis=MISConfig(token_bounds=(0.5, 2.0)))
@@ -216,9 +215,9 @@ def test_decoupled_with_old_equal_sampler_equals_ppo_clip(params, expert_batch):
 
 @pytest.fixture(scope="module")
 def short_run(params):
-    key = jax.random.PRNGKey(7)
-    run = lambda k: train_loop(CONFIG, k, 2, params=params, env=ENV, model_config=MODEL)
-    return run(key), run(key), run(jax.random.PRNGKey(8))
+    run = lambda seed: train_loop(CONFIG, seed, 2, params=params, env=ENV,  # noqa: E731
+                                  model_config=MODEL)
+    return run(7), run(7), run(8)
 
 
 def test_short_run_is_deterministic(short_run):

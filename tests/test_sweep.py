@@ -13,10 +13,13 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fresh_rl.control.train import TrainConfig, init_state, train, train_iteration
 from fresh_rl.lag import DelayConfig
-from fresh_rl.sweep import CheckpointError, RunCheckpointer, product_grid, run_resumable
+from fresh_rl.sweep import (CheckpointError, RunCheckpointer, product_grid, run_loop, seed_key, seed_keys,
+                            split_run_key, step_key, step_keys)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = TrainConfig(env_name="CartPole-v1", num_envs=4, rollout_length=8, total_env_steps=4 * 8 * 6,
@@ -27,7 +30,7 @@ KEY = jax.random.PRNGKey(3)
 _PRELUDE = textwrap.dedent("""
     import functools, json, os, sys, time
     import jax, jax.numpy as jnp, numpy as np
-    from fresh_rl.control.train import TrainConfig, SweepParams, init_state, train, train_iteration
+    from fresh_rl.control.train import TrainConfig, HyperParams, init_state, train, train_iteration
     from fresh_rl.lag import DelayConfig
     CONFIG = TrainConfig(env_name="CartPole-v1", num_envs=4, rollout_length=8, total_env_steps=4 * 8 * 6,
                          num_epochs=1, num_minibatches=2, hidden_sizes=(8,), method="vaco",
@@ -46,7 +49,8 @@ def test_sharded_grid_equals_plain_vmap_on_8_devices():
         from fresh_rl.sweep import product_grid, run_sharded, to_host
         assert jax.device_count() == 8, jax.devices()
         grid = product_grid(4, seed=0, lag=[0, 2], vaco_delta=[0.1, 0.2])   # 16 points
-        fn = lambda key, lag, delta: train(CONFIG, key, SweepParams(lag=lag, vaco_delta=delta)).metrics
+        fn = lambda key, lag, delta: train(CONFIG, key, HyperParams.from_config(CONFIG).replace(
+            lag=lag, vaco_delta=delta)).metrics
         args = (grid.keys, jnp.asarray(grid.values["lag"]), jnp.asarray(grid.values["vaco_delta"], jnp.float32))
         sharded = run_sharded(fn, *args)
         chunked = run_sharded(fn, *args, chunk_size=8)
@@ -77,22 +81,119 @@ def test_sharded_grid_equals_plain_vmap_on_8_devices():
     assert result["gap_by_lag"][0] == 0.0 and result["gap_by_lag"][1] > 1.0
 
 
-def test_product_grid_keys_depend_only_on_the_seed():
+def test_product_grid_keys_follow_the_one_seed_schedule():
     grid = product_grid(3, seed=7, lag=[0, 4], delta=[0.1, 0.2, 0.4])
     assert grid.size == 3 * 2 * 3
     keys = np.asarray(grid.keys)
     for i, row in enumerate(grid.rows):
-        np.testing.assert_array_equal(keys[i], np.asarray(jax.random.fold_in(jax.random.PRNGKey(7), row["seed"])))
-    assert grid.rows[0] == {"seed": 0, "lag": 0, "delta": 0.1} and grid.rows[1]["seed"] == 1
+        np.testing.assert_array_equal(keys[i], np.asarray(jax.random.PRNGKey(row["seed"])))
+    assert grid.rows[0] == {"seed": 7, "lag": 0, "delta": 0.1} and grid.rows[1]["seed"] == 8
+    assert grid.rows[3] == {"seed": 7, "lag": 0, "delta": 0.2}  # seed fastest, first name slowest
+    assert {r["seed"] for r in grid.rows} == {7, 8, 9}
     with pytest.raises(ValueError, match="num_seeds"):
         product_grid(0)
     with pytest.raises(ValueError, match="lag"):
         product_grid(1, lag=[])
 
 
+@given(st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=6), st.integers(0, 50), st.integers(1, 5))
+def test_key_schedule_is_one_function_of_seed_and_step(seeds, start, count):
+    """Batched and single-run keys agree; step keys are fold_in(split(PRNGKey(s))[1], i)."""
+    keys = np.asarray(seed_keys(seeds))
+    key_init, key_loop = split_run_key(seed_keys(seeds))
+    window = np.asarray(step_keys(key_loop, start, start + count))
+    assert window.shape == (len(seeds), count, 2)
+    for j, s in enumerate(seeds):
+        np.testing.assert_array_equal(keys[j], np.asarray(seed_key(s)))
+        init, loop = jax.random.split(jax.random.PRNGKey(s))
+        np.testing.assert_array_equal(np.asarray(key_init[j]), np.asarray(init))
+        np.testing.assert_array_equal(np.asarray(step_key(key_loop, start))[j],
+                                      np.asarray(jax.random.fold_in(loop, start)))
+        np.testing.assert_array_equal(window[j, -1], np.asarray(jax.random.fold_in(loop, start + count - 1)))
+
+
+@pytest.mark.parametrize("bad", [-1, 2**31, 1.5, True, "3"])
+def test_seed_must_be_a_nonnegative_int32(bad):
+    with pytest.raises(ValueError, match="seed"):
+        seed_key(bad)
+    with pytest.raises(ValueError, match="seeds"):
+        seed_keys([0, bad])
+
+
+def _toy_step(state, key):
+    """A cheap step for the loop tests: a random walk and a step counter."""
+    noise = jax.random.normal(key, ())
+    return {"x": state["x"] + noise, "n": state["n"] + 1}, {"noise": noise, "x": state["x"] + noise}
+
+
+def _toy_run(key_loop, num_steps, **kwargs):
+    seeds = key_loop.shape[:-1]
+    state = {"x": jax.numpy.zeros(seeds), "n": jax.numpy.zeros(seeds, jax.numpy.int32)}
+    step = _toy_step
+    for _ in seeds:
+        step = jax.vmap(step)
+    return run_loop(step, state, key_loop, num_steps, **kwargs)
+
+
+def test_run_loop_chunks_seeds_and_per_step_calls_agree():
+    """Per-step calls, scanned chunks, and a seed axis all produce the same history."""
+    _, key_loop = split_run_key(seed_keys([0, 1, 2, 3]))
+    logged = []
+    state, history = _toy_run(key_loop, 7, log=lambda i, m: logged.append((i, m["x"].shape)))
+    assert history["x"].shape == history["wall_seconds"].shape == (4, 7)
+    assert [i for i, _ in logged] == list(range(7)) and logged[0][1] == (4,)
+    np.testing.assert_array_equal(np.asarray(state["n"]), [7] * 4)
+    chunked_state, chunked = _toy_run(key_loop, 7, steps_per_call=3)
+    np.testing.assert_allclose(chunked["x"], history["x"], rtol=1e-6)
+    for j in range(4):  # one seed alone = its row of the batch
+        _, single = _toy_run(key_loop[j], 7, steps_per_call=2)
+        assert single["x"].shape == (7,)
+        np.testing.assert_allclose(single["x"], history["x"][j], rtol=1e-6)
+    expected = np.cumsum([float(jax.random.normal(jax.random.fold_in(key_loop[2], i), ())) for i in range(7)])
+    np.testing.assert_allclose(history["x"][2], expected, rtol=1e-5)
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def test_run_loop_resumes_from_its_checkpoint_with_the_same_keys(tmp_path):
+    _, key_loop = split_run_key(seed_keys([5, 6]))
+    _, reference = _toy_run(key_loop, 9)
+
+    def crash_at_step_4(i, metrics):
+        if i == 4:
+            raise _Interrupt
+
+    folder = tmp_path / "run"
+    with pytest.raises(_Interrupt):
+        _toy_run(key_loop, 9, checkpointer=RunCheckpointer(folder, "toy"), checkpoint_every=3,
+                 steps_per_call=2, log=crash_at_step_4)
+    assert RunCheckpointer(folder, "toy").steps() == [3]
+    with pytest.raises(CheckpointError, match="another configuration"):
+        _toy_run(key_loop, 9, checkpointer=RunCheckpointer(folder, "other"))
+    progress = []
+    state, resumed = _toy_run(key_loop, 9, checkpointer=RunCheckpointer(folder, "toy"),
+                              checkpoint_every=3, steps_per_call=2,
+                              on_progress=lambda done, total, s: progress.append(done))
+    assert progress == [5, 6, 8, 9]  # resumed after step 3; chunks never straddle a checkpoint
+    assert RunCheckpointer(folder, "toy").steps() == [6, 9]
+    np.testing.assert_array_equal(np.asarray(state["n"]), [9, 9])
+    np.testing.assert_allclose(resumed["x"], reference["x"], rtol=1e-6)
+    _, again = _toy_run(key_loop, 9, checkpointer=RunCheckpointer(folder, "toy"))
+    np.testing.assert_array_equal(again["x"], resumed["x"])  # restored, nothing recomputed
+    np.testing.assert_array_equal(again["wall_seconds"], resumed["wall_seconds"])
+    with pytest.raises(ValueError, match="steps_per_call"):
+        _toy_run(key_loop, 3, steps_per_call=0)
+    with pytest.raises(ValueError, match="key_loop"):
+        run_loop(_toy_step, {"x": 0.0, "n": 0}, np.zeros(3, np.uint32), 2)
+
+
 def _resumable(directory, every=1, fingerprint=repr(CONFIG)):
-    return run_resumable(functools.partial(init_state, CONFIG), functools.partial(train_iteration, CONFIG),
-                         KEY, CONFIG.num_iterations, RunCheckpointer(directory, fingerprint), every=every)
+    key_init, key_loop = split_run_key(KEY)
+    return run_loop(functools.partial(train_iteration, CONFIG), init_state(CONFIG, key_init), key_loop,
+                    CONFIG.num_iterations, steps_per_call=every,
+                    checkpointer=RunCheckpointer(directory, fingerprint), checkpoint_every=every)
 
 
 @pytest.fixture(scope="module")
@@ -107,18 +208,19 @@ def test_resumable_run_equals_train(uninterrupted):
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref.params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     for name, value in ref.metrics.items():
-        np.testing.assert_array_equal(metrics[name], np.asarray(value), err_msg=name)
+        np.testing.assert_array_equal(metrics[name], np.asarray(value, np.float32), err_msg=name)
 
 
 def test_sigkill_mid_training_then_resume_is_bit_identical(tmp_path, uninterrupted):
     code = f"""
-        from fresh_rl.sweep import RunCheckpointer, run_resumable
+        from fresh_rl.sweep import RunCheckpointer, run_loop, split_run_key
         def slow(done, total, seconds):  # give the parent time to kill us mid-run
             print("checkpoint", done, flush=True)
             time.sleep(0.5)
-        run_resumable(functools.partial(init_state, CONFIG), functools.partial(train_iteration, CONFIG),
-                      jax.random.PRNGKey(3), CONFIG.num_iterations,
-                      RunCheckpointer({str(tmp_path)!r}, repr(CONFIG)), every=1, on_checkpoint=slow)
+        key_init, key_loop = split_run_key(jax.random.PRNGKey(3))
+        run_loop(functools.partial(train_iteration, CONFIG), init_state(CONFIG, key_init), key_loop,
+                 CONFIG.num_iterations, checkpointer=RunCheckpointer({str(tmp_path)!r}, repr(CONFIG)),
+                 checkpoint_every=1, on_progress=slow)
         print("finished", flush=True)
     """
     proc = _python(code)
@@ -137,7 +239,8 @@ def test_sigkill_mid_training_then_resume_is_bit_identical(tmp_path, uninterrupt
     ref_state, ref_metrics = uninterrupted
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(ref_state)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    for name in ref_metrics:
+    assert set(metrics) == set(ref_metrics)
+    for name in set(ref_metrics) - {"wall_seconds"}:  # timings differ, every metric must not
         np.testing.assert_array_equal(metrics[name], ref_metrics[name], err_msg=name)
 
 
@@ -146,7 +249,7 @@ def test_corrupt_or_foreign_checkpoint_fails_clearly_and_keeps_the_previous(tmp_
     checkpointer = RunCheckpointer(tmp_path, repr(CONFIG))
     assert checkpointer.steps() == [4, 6]  # max_to_keep = 2
     state, metrics = uninterrupted
-    abstract = jax.eval_shape(lambda: {"state": state, "metrics": metrics, "step": np.int64(0)})
+    abstract = jax.eval_shape(lambda: {"state": state, "history": metrics})
     with pytest.raises(CheckpointError, match="another configuration"):
         RunCheckpointer(tmp_path, "a different config").restore_latest(abstract)
     for f in (tmp_path / "6" / "run").rglob("*"):  # corrupt the newest checkpoint
@@ -157,7 +260,7 @@ def test_corrupt_or_foreign_checkpoint_fails_clearly_and_keeps_the_previous(tmp_
     assert checkpointer.steps() == [4, 6]  # nothing deleted
     step, tree = checkpointer.restore_latest(abstract, fallback=True)
     assert step == 4
-    np.testing.assert_array_equal(tree["metrics"]["episode_return"][:4], metrics["episode_return"][:4])
-    wrong = jax.eval_shape(lambda: {"state": state.params, "step": np.int64(0)})
+    np.testing.assert_array_equal(tree["history"]["episode_return"][:4], metrics["episode_return"][:4])
+    wrong = jax.eval_shape(lambda: {"state": state.params, "history": metrics})
     with pytest.raises(CheckpointError, match="does not match"):
         RunCheckpointer(tmp_path, repr(CONFIG)).restore_latest(wrong)

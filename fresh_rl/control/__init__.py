@@ -2,31 +2,26 @@
 
 * :mod:`.networks` — actor-critic MLPs (categorical / Gaussian with state-independent log-std),
   log-prob, entropy, sampling.
-* :mod:`.envs` — vectorised gymnax 1.x adapter: auto-reset, terminated ≠ truncated, running
-  observation normalisation, episode bookkeeping; ``make_vec_env`` dispatches env ids.
+* :mod:`.env_types` — what both env adapters share: ``EnvSpec``, ``VecEnvState``,
+  ``StepOutput``, running observation normalisation, terminated ≠ truncated, episode bookkeeping.
+* :mod:`.envs` — vectorised gymnax 1.x adapter with auto-reset; ``make_vec_env`` dispatches env ids.
 * :mod:`.brax_envs` — the same interface over Brax tasks (``"brax/<name>"`` ids), with our own
   time limit and auto-reset.
-* :mod:`.train` — ``TrainConfig`` and the jittable, seed-vmappable ``train(config, key)`` for
-  PPO-clip, PPO-KL, SPO, IMPALA, VACO and its ablations, with backward lag from the version ring.
+* :mod:`.hyperparams` — ``HyperParams``, the traced (sweepable) hyperparameters as one pytree.
+* :mod:`.methods` — the method registry (``Method``, ``register_method``, ``METHODS``):
+  PPO-clip, PPO-KL, SPO, IMPALA, VACO and its ablations.
+* :mod:`.train` — ``TrainConfig`` and the jittable, seed- and hyperparameter-vmappable
+  ``train(config, key, hparams)``, with backward lag from the version ring.
 """
 from fresh_rl.control.brax_envs import BRAX_BACKENDS, BraxVecEnv, brax_env_names
-from fresh_rl.control.envs import (
-    EnvSpec,
-    RunningStats,
-    StepOutput,
-    VecEnv,
-    VecEnvState,
-    env_names,
-    gymnax_env_names,
-    make_vec_env,
-)
+from fresh_rl.control.env_types import EnvSpec, RunningStats, StepOutput, VecEnvState
+from fresh_rl.control.envs import VecEnv, env_names, gymnax_env_names, make_vec_env
 from fresh_rl.control.networks import ActorCritic, PolicyOutput, entropy, log_prob, sample
+from fresh_rl.control.hyperparams import HyperParams
+from fresh_rl.control.methods import ADVANTAGE_NORMALIZATIONS, METHODS, Method, register_method
 from fresh_rl.control.train import (
-    METHODS,
     VACO_ADVANTAGE_FORMS,
-    ADVANTAGE_NORMALIZATIONS,
     Batch,
-    SweepParams,
     TrainConfig,
     TrainOutput,
     TrainState,
@@ -37,7 +32,6 @@ from fresh_rl.control.train import (
 
 __all__ = [
     "ADVANTAGE_NORMALIZATIONS",
-    "SweepParams",
     "BRAX_BACKENDS",
     "METHODS",
     "VACO_ADVANTAGE_FORMS",
@@ -45,6 +39,8 @@ __all__ = [
     "Batch",
     "BraxVecEnv",
     "EnvSpec",
+    "HyperParams",
+    "Method",
     "PolicyOutput",
     "RunningStats",
     "StepOutput",
@@ -60,6 +56,7 @@ __all__ = [
     "init_state",
     "log_prob",
     "make_vec_env",
+    "register_method",
     "sample",
     "train",
     "train_iteration",

@@ -2,8 +2,8 @@
 
 We wrap the *bare* task from ``brax.envs.get_environment(name, backend=...)`` (none of Brax's
 training wrappers) and add vectorisation, the time limit and auto-reset here, so both
-adapters share one convention and one piece of bookkeeping (``envs.start_episodes`` /
-``envs.finish_step``: observation normalisation, both-flags rule, episode return/length).
+adapters share one convention and one piece of bookkeeping (``env_types.start_episodes`` /
+``env_types.finish_step``: observation normalisation, both-flags rule, episode return/length).
 
 **What Brax's task gives.** ``env.reset(key) → State`` and ``env.step(State, action) → State``
 (no key: the dynamics are deterministic); ``State.done`` is the task's own terminal test
@@ -46,7 +46,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from fresh_rl.control.envs import EnvSpec, StepOutput, VecEnvState, finish_step, start_episodes
+from fresh_rl.control.env_types import EnvSpec, StepOutput, VecEnvState, finish_step, start_episodes
 from fresh_rl.validation import require_choice, require_in_range, require_int
 
 # The physics pipelines ``brax.envs.base.PipelineEnv`` accepts in brax 0.14.2.
@@ -85,7 +85,7 @@ class BraxVecEnv:
     Attributes:
       name: a Brax registry name (see :func:`brax_env_names`), without the ``"brax/"`` prefix.
       num_envs: number of parallel environments (≥ 1).
-      normalize_obs, obs_clip: running observation normalisation (``fresh_rl.control.envs``).
+      normalize_obs, obs_clip: running observation normalisation (``fresh_rl.control.env_types``).
       backend: physics pipeline, one of ``BRAX_BACKENDS``.
       episode_length: time limit in simulator steps (≥ 1; see the module docstring).
       action_repeat: simulator steps per agent step (≥ 1).

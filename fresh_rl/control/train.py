@@ -7,36 +7,25 @@ One iteration (= one batch = one policy version)::
     roll out T steps in num_envs envs, env e acting with θ_{group(e)};
         store s, a, r, terminated, truncated, s_{t+1}, log β(a|s), v_β
     learner at batch start (θ_T = newest ring entry): log π_T(a|s), V_T(s), V_T(s_{t+1})
-    advantages, once per batch:
-        ppo_clip, ppo_kl, spo, vaco_filter_only : GAE(λ) on V_T
-        vaco, vaco_align_only                   : V-trace with log ρ = log π_T − log β on V_T
-        impala                                  : none here — V-trace is recomputed every step
+    advantages, once per batch (method.advantages): GAE(λ) on V_T, or V-trace with
+        log ρ = log π_T − log β on V_T, or none here (V-trace recomputed every step)
     epochs × minibatches gradient steps (forward lag), loss = policy + c_v·value − c_ent·H
     ring ← push(ring, θ)                                 # new version v_T + 1
 
-**Reference policies (our choices, documented per method).**
-  * ppo_clip / ppo_kl / spo: the ratio is ``π_θ/β`` with the stored behaviour log-prob — what a
-    naive asynchronous PPO does (papers/vaco.md §3.2 "behaviour reference"); at lag 0 β = π_T.
-  * vaco / vaco_filter_only: ``VACOConfig.reference`` (default π_T, forward lag only).
-  * vaco_align_only: VACO's loss with the TV filter switched off (δ = ∞): unclipped
-    ``−mean r Â`` with r = π_θ/π_T and realigned Â. This is the literal ablation; it has no
-    trust region at all.
-  * vaco_filter_only: GAE advantages on V_T (no importance correction) with VACO's filtered loss.
-  * impala: each minibatch is a set of whole env rows ``[B/M, T]``; V-trace (log ρ = log π_θ −
-    log β, detached) and V_θ are recomputed with the current parameters at every step, the
-    loss is ``impala_policy_gradient_loss`` + value regression onto the fresh targets.
-**Value targets**: λ-returns (GAE) or V-trace targets v_t, frozen per batch (except IMPALA);
-value loss ½·mean (V_θ(s) − target)², no value clipping (our choice).
-**Advantage normalisation** per minibatch, set by ``advantage_normalization`` (our choice;
-VACO's is unknown, vaco.md §3.1 step 7):
-``"standardize"`` (Â − mean)/std, ``"scale"`` Â/std (no centring) or ``"none"``. **Centring is
-biased when the ratio's reference is not the behaviour policy.** Subtracting a constant c adds
-``c·mean(r)`` to the loss; with PPO's r = π_θ/β, E_β[r] = 1 for every θ, so the shift has no
-expected gradient, but with VACO's r = π_θ/π_T on β-data E_β[π_θ/π_T] depends on θ and the
-shift pushes probability away from (c > 0) or towards (c < 0) the actions the stale actors
-favoured. At lag 0 (β = π_T) the bias vanishes. We measured it on CartPole at lag 4: VACO with
-standardisation collapsed (entropy → 0.05, return → 10) while "scale"/"none" learned; see
-results/vaco/README.md.
+**Methods** (:mod:`fresh_rl.control.methods`): each registered :class:`Method` fixes the
+advantage source, the ratio's reference, the default advantage normalisation, the minibatch
+layout and the policy loss; the reference policies and the normalisation defaults are
+documented there. **Value targets**: λ-returns (GAE) or V-trace targets v_t, frozen per batch
+unless the method recomputes V-trace every step (IMPALA); value loss ½·mean (V_θ(s) − target)²,
+no value clipping (our choice). **Advantage normalisation** per minibatch:
+``"standardize"`` (Â − mean)/std, ``"scale"`` Â/std or ``"none"``. Centring is biased when the
+ratio's reference is not β; on CartPole at lag 4 VACO with standardisation collapsed
+(entropy → 0.05, return → 10) while "scale"/"none" learned (results/vaco/README.md).
+**Hyperparameters**: every sweepable value (lag, δ, learning rate, loss coefficients, β₀, γ)
+is a leaf of :class:`~fresh_rl.control.hyperparams.HyperParams`, read from the traced pytree
+on every use; the config only supplies its defaults.
+**Keys** (:mod:`fresh_rl.sweep.keys`): ``key_init, key_loop = split_run_key(key)``; iteration
+i uses ``step_key(key_loop, i)``.
 **Versions**: one ``push`` per iteration, so a version is one batch of ``epochs × minibatches``
 updates and lag k means "parameters k batches old"; lags are redrawn every iteration.
 **Metrics** (one value per iteration): ``episode_return`` — mean undiscounted return of the
@@ -55,13 +44,15 @@ from typing import Any, Optional
 import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import struct
 
 from fresh_rl.control import brax_envs
 from fresh_rl.control import envs as envs_lib
 from fresh_rl.control import networks
+from fresh_rl.control.env_types import VecEnvState
+from fresh_rl.control.hyperparams import HyperParams
+from fresh_rl.control.methods import ADVANTAGE_NORMALIZATIONS, METHODS, Method
 from fresh_rl.corrections import (
     AdaptiveKLConfig,
     PPOClipConfig,
@@ -71,21 +62,13 @@ from fresh_rl.corrections import (
     VTraceConfig,
     adaptive_kl_coefficient,
     generalized_advantage_estimation,
-    impala_policy_gradient_loss,
-    ppo_clip_loss,
-    ppo_kl_loss,
-    spo_loss,
-    vaco_policy_loss,
     vtrace,
 )
 from fresh_rl.lag import DelayConfig, actor_group_ids, lag_metrics, sample_lags, version_ring
-from fresh_rl.validation import is_traced, require_choice, require_in_range, require_int
+from fresh_rl.sweep.keys import split_run_key, step_keys
+from fresh_rl.validation import require_choice, require_in_range, require_int
 
-METHODS: tuple[str, ...] = (
-    "ppo_clip", "ppo_kl", "spo", "impala", "vaco", "vaco_align_only", "vaco_filter_only",
-)
 VACO_ADVANTAGE_FORMS: tuple[str, ...] = ("impala", "gae_like")
-ADVANTAGE_NORMALIZATIONS: tuple[str, ...] = ("standardize", "scale", "none")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,18 +84,19 @@ class TrainConfig:
       rollout_length: T, steps per env per iteration; batch = num_envs · T samples.
       total_env_steps: budget; iterations = total_env_steps // (num_envs · T) (≥ 1).
       num_epochs, num_minibatches: forward lag — updates per batch = epochs × minibatches.
-        ``num_minibatches`` must divide num_envs · T (and num_envs for ``impala``, whose
-        minibatches are whole env rows).
+        ``num_minibatches`` must divide num_envs · T (and num_envs for methods whose
+        minibatches are whole env rows, e.g. ``impala``).
       learning_rate, max_grad_norm, adam_eps: Adam with global-norm clipping (constant lr).
       gamma, gae_lambda: γ and λ (λ also is V-trace's trace parameter).
       value_coef, entropy_coef: c_v, c_ent of ``L = L_π + c_v·½·MSE − c_ent·H``.
+        ``learning_rate``, ``gamma``, ``value_coef``, ``entropy_coef``, ``kl_coef``,
+        ``vaco.delta`` and ``delay.lag`` are the defaults of the traced
+        :class:`~fresh_rl.control.hyperparams.HyperParams` the trainer reads.
       advantage_normalization: per-minibatch ``"standardize"``, ``"scale"`` (divide by the std
-        only) or ``"none"``; ``None`` = the method's default: ``"scale"`` for the VACO family
-        (ratio against π_T), ``"standardize"`` otherwise (module docstring: why centring is
-        biased for VACO under lag).
+        only) or ``"none"``; ``None`` = the method's ``default_normalization``.
       normalize_obs, obs_clip: running observation normalisation of the env adapter.
       hidden_sizes, activation, init_log_std: network (see ``networks.ActorCritic``).
-      method: one of ``METHODS``.
+      method: a name registered in :data:`fresh_rl.control.methods.METHODS`.
       ppo_clip, ppo_kl, kl_coef, spo, vaco: the losses' configs; ``kl_coef`` is PPO-KL's β ≥ 0
         (fixed, or the initial value when ``kl_adaptive`` is set).
       kl_adaptive: ``None`` (fixed β, the VACO paper's PPO-KL baseline) or an
@@ -122,7 +106,7 @@ class TrainConfig:
         it costs no extra forward pass).
       vtrace_rho_bar, vtrace_c_bar: ρ̄, c̄ of V-trace (vaco, vaco_align_only, impala).
       vaco_advantage: realigned advantage form: ``"impala"`` ρ_t(r_t + γ v_{t+1} − V_t)
-        (default, vaco.md §3.1 (i)) or ``"gae_like"`` v_t − V_t.
+        (default, docs/vaco.md) or ``"gae_like"`` v_t − V_t.
       delay: backward-lag distribution and ring size K (``fresh_rl.lag.DelayConfig``).
       num_actor_groups: G groups of num_envs/G envs, each with its own lag draw.
     """
@@ -163,7 +147,7 @@ class TrainConfig:
     def __post_init__(self):
         require_choice("env_name", self.env_name, envs_lib.env_names())
         require_choice("brax_backend", self.brax_backend, brax_envs.BRAX_BACKENDS)
-        require_choice("method", self.method, METHODS)
+        require_choice("method", self.method, tuple(METHODS))
         require_choice("vaco_advantage", self.vaco_advantage, VACO_ADVANTAGE_FORMS)
         if self.advantage_normalization is not None:
             require_choice("advantage_normalization", self.advantage_normalization, ADVANTAGE_NORMALIZATIONS)
@@ -183,9 +167,9 @@ class TrainConfig:
                 f"num_minibatches must divide the batch num_envs*rollout_length={self.batch_size}, "
                 f"got {self.num_minibatches}"
             )
-        if self.method == "impala" and self.num_envs % self.num_minibatches:
+        if self.method_spec.minibatch_layout == "env_rows" and self.num_envs % self.num_minibatches:
             raise ValueError(
-                f"num_minibatches must divide num_envs={self.num_envs} for method='impala' "
+                f"num_minibatches must divide num_envs={self.num_envs} for method={self.method!r} "
                 f"(minibatches are whole env rows), got {self.num_minibatches}"
             )
         for name in ("learning_rate", "max_grad_norm", "adam_eps", "vtrace_rho_bar", "vtrace_c_bar",
@@ -207,10 +191,15 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a {cls.__name__}, got {getattr(self, name)!r}")
 
     @property
+    def method_spec(self) -> Method:
+        """The registered :class:`~fresh_rl.control.methods.Method` named ``method``."""
+        return METHODS[self.method]
+
+    @property
     def advantage_normalization_used(self) -> str:
         if self.advantage_normalization is not None:
             return self.advantage_normalization
-        return "scale" if self.method.startswith("vaco") else "standardize"
+        return self.method_spec.default_normalization
 
     @property
     def batch_size(self) -> int:
@@ -240,42 +229,14 @@ class TrainConfig:
             activation=self.activation, init_log_std=self.init_log_std,
         )
 
-    def optimizer(self) -> optax.GradientTransformation:
+    def optimizer(self, learning_rate: chex.Numeric) -> optax.GradientTransformation:
+        """Global-norm clipping then Adam with step size ``learning_rate`` (may be traced: the
+        optimiser state does not depend on it)."""
         return optax.chain(
             optax.clip_by_global_norm(self.max_grad_norm),
-            optax.adam(self.learning_rate, eps=self.adam_eps),
+            optax.scale_by_adam(eps=self.adam_eps),
+            optax.scale_by_learning_rate(learning_rate),
         )
-
-
-@struct.dataclass
-class SweepParams:
-    """Hyperparameters given as arrays, so that one compiled :func:`train` covers a grid:
-    ``jax.vmap(train, (None, 0, 0))`` over seeds × values. ``None`` falls back to the config.
-
-    Attributes:
-      lag: int scalar, a fixed backward lag k replacing ``config.delay.lag`` (the delay must be
-        ``kind="fixed"``). Concrete values outside [0, ring_size − 1] raise; traced ones are
-        clipped to that range.
-      vaco_delta: float scalar, the TV-filter threshold δ of vaco / vaco_filter_only
-        (replaces ``config.vaco.delta``; same threshold convention).
-    """
-
-    lag: Optional[jax.Array] = None
-    vaco_delta: Optional[jax.Array] = None
-
-    def validate(self, config: "TrainConfig") -> None:
-        if self.lag is not None:
-            if config.delay.kind != "fixed":
-                raise ValueError(f"SweepParams.lag needs delay.kind='fixed', got {config.delay.kind!r}")
-            if not is_traced(self.lag):
-                top = config.delay.ring_size - 1
-                values = np.asarray(self.lag)
-                if np.any(values < 0) or np.any(values > top):
-                    raise ValueError(f"SweepParams.lag must be in [0, {top}] (delay.ring_size − 1), "
-                                     f"got {values.tolist()}")
-        if self.vaco_delta is not None and not is_traced(self.vaco_delta):
-            if not np.all(np.asarray(self.vaco_delta) > 0):
-                raise ValueError(f"SweepParams.vaco_delta must be in (0, inf), got {self.vaco_delta!r}")
 
 
 @struct.dataclass
@@ -303,7 +264,7 @@ class TrainState:
     params: Any
     opt_state: Any
     ring: version_ring.VersionRing
-    env_state: envs_lib.VecEnvState
+    env_state: VecEnvState
     obs: jax.Array
     last_return: jax.Array
     kl_coef: jax.Array  # PPO-KL's β (constant unless ``kl_adaptive``)
@@ -326,14 +287,18 @@ def _normalize_advantages(config: TrainConfig, adv):
     return (adv - jnp.mean(adv)) / (jnp.std(adv) + 1e-8)
 
 
-def _rollout(config: TrainConfig, state: TrainState, key, sweep: SweepParams) -> tuple[TrainState, Batch, dict]:
+def _rollout(config: TrainConfig, state: TrainState, key, hparams: HyperParams
+             ) -> tuple[TrainState, Batch, dict]:
     """Act for T steps; env e uses the version of its group's sampled lag."""
     net = config.network()
     venv = config.vec_env
-    key_lag, key_steps = jax.random.split(key)
     G = config.num_actor_groups
+    T = config.rollout_length
+    # one split for the whole rollout: the lag draw, then per step G acting keys and an env key
+    keys = jax.random.split(key, 1 + T * (G + 1))
+    key_lag, step_keys_ = keys[0], keys[1:].reshape(T, G + 1, *keys.shape[1:])
     lags = sample_lags(key_lag, config.delay, G, version_ring.available_versions(state.ring),
-                       fixed_lag=sweep.lag)
+                       fixed_lag=hparams.lag if config.delay.kind == "fixed" else None)
     group_params, group_versions = version_ring.gather(state.ring, lags)
     env_versions = group_versions[actor_group_ids(config.num_envs, G)]
 
@@ -342,11 +307,11 @@ def _rollout(config: TrainConfig, state: TrainState, key, sweep: SweepParams) ->
         actions = networks.sample(key, policy)
         return actions, networks.log_prob(policy, actions)
 
-    def step(carry, key):
+    def step(carry, keys):
         env_state, obs, ret_sum, ret_count = carry
-        key_act, key_env = jax.random.split(key)
+        key_env = keys[G]
         obs_g = obs.reshape(G, config.num_envs // G, *obs.shape[1:])
-        actions_g, logp_g = jax.vmap(group_act)(group_params, obs_g, jax.random.split(key_act, G))
+        actions_g, logp_g = jax.vmap(group_act)(group_params, obs_g, keys[:G])
         actions = actions_g.reshape(config.num_envs, *actions_g.shape[2:])
         logp = logp_g.reshape(config.num_envs)
         env_state, out = venv.step(key_env, env_state, actions)
@@ -361,9 +326,7 @@ def _rollout(config: TrainConfig, state: TrainState, key, sweep: SweepParams) ->
         return (env_state, out.obs, ret_sum, ret_count), transition
 
     init = (state.env_state, state.obs, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32))
-    (env_state, obs, ret_sum, ret_count), traj = jax.lax.scan(
-        step, init, jax.random.split(key_steps, config.rollout_length)
-    )
+    (env_state, obs, ret_sum, ret_count), traj = jax.lax.scan(step, init, step_keys_)
     batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), traj)  # [T, N, ...] → [N, T, ...]
     mean_return = jnp.where(ret_count > 0, ret_sum / jnp.maximum(ret_count, 1), state.last_return)
     state = state.replace(env_state=env_state, obs=obs, last_return=mean_return)
@@ -371,102 +334,88 @@ def _rollout(config: TrainConfig, state: TrainState, key, sweep: SweepParams) ->
                           "lag/sampled_lag_mean": jnp.mean(lags.astype(jnp.float32))}
 
 
-def _policy_loss(config: TrainConfig, logp, mb, kl_coef, vaco_delta):
-    """Policy loss of the non-IMPALA methods on a flat minibatch dict."""
-    adv = _normalize_advantages(config, mb["advantage"])
-    m = config.method
-    if m == "ppo_clip":
-        return ppo_clip_loss(logp, mb["behaviour_log_prob"], adv, config=config.ppo_clip)
-    if m == "ppo_kl":
-        return ppo_kl_loss(logp, mb["behaviour_log_prob"], adv, kl_coef=kl_coef, config=config.ppo_kl)
-    if m == "spo":
-        return spo_loss(logp, mb["behaviour_log_prob"], adv, config=config.spo)
-    vaco_cfg = config.vaco
-    if m == "vaco_align_only":
-        vaco_cfg = dataclasses.replace(vaco_cfg, delta=math.inf)
-    return vaco_policy_loss(logp, mb["learner_log_prob"], mb["behaviour_log_prob"], adv, config=vaco_cfg,
-                            delta=None if m == "vaco_align_only" else vaco_delta)
-
-
 def _batch_start(config: TrainConfig, params, batch: Batch):
     """Learner forward pass at batch start (θ_T): log π_T(a|s), V_T(s), V_T(s_{t+1})."""
     net = config.network()
-    policy, values = net.apply(params, batch.obs)
-    _, next_values = net.apply(params, batch.next_obs)
-    return networks.log_prob(policy, batch.action), values, next_values
+    # one forward pass on [obs; next_obs] (N rows each) instead of two
+    policy, values = net.apply(params, jnp.concatenate([batch.obs, batch.next_obs], axis=0))
+    n = batch.obs.shape[0]
+    policy = jax.tree.map(lambda x: x[:n] if x.ndim > 1 else x, policy)
+    return networks.log_prob(policy, batch.action), values[:n], values[n:]
 
 
-def _advantages(config: TrainConfig, batch: Batch, logp_T, values, next_values):
-    """Frozen (advantages, value targets) ``[N, T]`` for the once-per-batch methods."""
-    discounts = config.gamma * (1.0 - batch.terminated.astype(jnp.float32))
-    ends = batch.terminated | batch.truncated
-    if config.method in ("vaco", "vaco_align_only"):
-        out = vtrace(values, next_values, batch.reward, discounts, logp_T - batch.behaviour_log_prob,
-                     config=config.vtrace_config, episode_ends=ends)
+def _frozen_advantages(config: TrainConfig, data: dict, values, next_values):
+    """Once-per-batch (advantages, value targets) ``[N, T]``: V-trace (log ρ = log π_T − log β)
+    or GAE(λ), both on V_T."""
+    if config.method_spec.advantages == "vtrace":
+        out = vtrace(values, next_values, data["reward"], data["discount"],
+                     data["learner_log_prob"] - data["behaviour_log_prob"],
+                     config=config.vtrace_config, episode_ends=data["episode_end"])
         adv = out.impala_advantages if config.vaco_advantage == "impala" else out.gae_advantages
         return adv, out.targets
-    gae = generalized_advantage_estimation(batch.reward, values, next_values, discounts,
-                                           lambda_=config.gae_lambda, episode_ends=ends)
+    gae = generalized_advantage_estimation(data["reward"], values, next_values, data["discount"],
+                                           lambda_=config.gae_lambda, episode_ends=data["episode_end"])
     return gae.advantages, gae.returns
 
 
+def _per_step_vtrace(config: TrainConfig, net, params, mb: dict, logp, values):
+    """IMPALA-style V-trace with the current parameters on whole rows ``mb [rows, T]``:
+    log ρ = log π_θ − log β and V_θ, all detached (IMPALA, arXiv 1802.01561 §4.2)."""
+    _, next_values = net.apply(params, mb["next_obs"])
+    out = vtrace(jax.lax.stop_gradient(values), jax.lax.stop_gradient(next_values), mb["reward"],
+                 mb["discount"], jax.lax.stop_gradient(logp - mb["behaviour_log_prob"]),
+                 config=config.vtrace_config, episode_ends=mb["episode_end"])
+    return {"advantage": out.impala_advantages, "target": out.targets}
+
+
 def _update(config: TrainConfig, state: TrainState, batch: Batch, key,
-            sweep: SweepParams) -> tuple[TrainState, dict]:
+            hparams: HyperParams) -> tuple[TrainState, dict]:
+    method = config.method_spec
     net = config.network()
-    opt = config.optimizer()
+    opt = config.optimizer(hparams.learning_rate)
+    loss_hparams = hparams.replace(kl_coef=state.kl_coef)  # the losses see the current β
     logp_T, values_T, next_values_T = _batch_start(config, state.params, batch)
     learner_version = state.ring.latest_version
     metrics = {f"lag/{k}": v for k, v in lag_metrics(
         batch.behaviour_log_prob, logp_T, batch.version, learner_version).items()}
 
-    if config.method == "impala":
-        rows = config.num_envs // config.num_minibatches
-        data = batch
-        discounts = config.gamma * (1.0 - batch.terminated.astype(jnp.float32))
-        ends = batch.terminated | batch.truncated
-
-        def loss_fn(params, mb):
-            mb_batch, mb_disc, mb_ends = mb
-            policy, values = net.apply(params, mb_batch.obs)
-            _, next_values = net.apply(params, mb_batch.next_obs)
-            logp = networks.log_prob(policy, mb_batch.action)
-            out = vtrace(jax.lax.stop_gradient(values), jax.lax.stop_gradient(next_values),
-                         mb_batch.reward, mb_disc, jax.lax.stop_gradient(logp - mb_batch.behaviour_log_prob),
-                         config=config.vtrace_config, episode_ends=mb_ends)
-            adv = _normalize_advantages(config, out.impala_advantages)
-            pg, pm = impala_policy_gradient_loss(logp, mb_batch.behaviour_log_prob, adv)
-            v_loss = 0.5 * jnp.mean(jnp.square(values - out.targets))
-            ent = jnp.mean(networks.entropy(policy))
-            total = pg + config.value_coef * v_loss - config.entropy_coef * ent
-            return total, {**pm, "value_loss": v_loss, "entropy": ent}
-
-        def make_minibatches(key):
-            perm = jax.random.permutation(key, config.num_envs)
-            shuffle = lambda x: x[perm].reshape(config.num_minibatches, rows, *x.shape[1:])
-            return jax.tree.map(shuffle, (data, discounts, ends))
+    data = {
+        "obs": batch.obs, "action": batch.action, "behaviour_log_prob": batch.behaviour_log_prob,
+        "learner_log_prob": logp_T,
+        "reference_log_prob": logp_T if method.reference == "learner_start" else batch.behaviour_log_prob,
+    }
+    sequence = {"reward": batch.reward, "discount": hparams.gamma * (1.0 - batch.terminated.astype(jnp.float32)),
+                "episode_end": batch.terminated | batch.truncated}
+    per_step = method.advantages == "vtrace_per_step"
+    if per_step:
+        data.update(sequence, next_obs=batch.next_obs)
     else:
-        adv, targets = _advantages(config, batch, logp_T, values_T, next_values_T)
-        flat = {
-            "obs": batch.obs, "action": batch.action, "behaviour_log_prob": batch.behaviour_log_prob,
-            "learner_log_prob": logp_T, "advantage": adv, "target": targets,
-        }
-        flat = jax.tree.map(lambda x: x.reshape(config.batch_size, *x.shape[2:]), flat)
+        adv, targets = _frozen_advantages(config, {**data, **sequence}, values_T, next_values_T)
+        data.update(advantage=adv, target=targets)
         metrics["advantage_mean"] = jnp.mean(adv)
         metrics["advantage_std"] = jnp.std(adv)
 
-        def loss_fn(params, mb):
-            policy, values = net.apply(params, mb["obs"])
-            logp = networks.log_prob(policy, mb["action"])
-            pg, pm = _policy_loss(config, logp, mb, state.kl_coef, sweep.vaco_delta)
-            v_loss = 0.5 * jnp.mean(jnp.square(values - mb["target"]))
-            ent = jnp.mean(networks.entropy(policy))
-            total = pg + config.value_coef * v_loss - config.entropy_coef * ent
-            return total, {**pm, "value_loss": v_loss, "entropy": ent}
+    def loss_fn(params, mb):
+        policy, values = net.apply(params, mb["obs"])
+        logp = networks.log_prob(policy, mb["action"])
+        if per_step:
+            mb = {**mb, **_per_step_vtrace(config, net, params, mb, logp, values)}
+        mb = {**mb, "advantage": _normalize_advantages(config, mb["advantage"])}
+        pg, pm = method.policy_loss(logp, mb, loss_hparams, config)
+        v_loss = 0.5 * jnp.mean(jnp.square(values - mb["target"]))
+        ent = jnp.mean(networks.entropy(policy))
+        total = pg + hparams.value_coef * v_loss - hparams.entropy_coef * ent
+        return total, {**pm, "value_loss": v_loss, "entropy": ent}
 
-        def make_minibatches(key):
-            perm = jax.random.permutation(key, config.batch_size)
-            shuffle = lambda x: x[perm].reshape(config.num_minibatches, config.minibatch_size, *x.shape[1:])
-            return jax.tree.map(shuffle, flat)
+    M = config.num_minibatches
+    if method.minibatch_layout == "env_rows":
+        units = config.num_envs
+    else:
+        units = config.batch_size
+        data = jax.tree.map(lambda x: x.reshape(units, *x.shape[2:]), data)
+
+    def make_minibatches(perm):
+        return jax.tree.map(lambda x: x[perm].reshape(M, units // M, *x.shape[1:]), data)
 
     def sgd_step(carry, mb):
         params, opt_state = carry
@@ -475,61 +424,68 @@ def _update(config: TrainConfig, state: TrainState, batch: Batch, key,
         params = optax.apply_updates(params, updates)
         return (params, opt_state), {**m, "grad_norm": optax.tree.norm(grads)}
 
-    def epoch(carry, key):
-        return jax.lax.scan(sgd_step, carry, make_minibatches(key))
+    def epoch(carry, perm):
+        return jax.lax.scan(sgd_step, carry, make_minibatches(perm))
 
-    (params, opt_state), step_metrics = jax.lax.scan(
-        epoch, (state.params, state.opt_state), jax.random.split(key, config.num_epochs)
-    )
+    # every epoch's shuffle from one draw: argsort of uniform random bits is a uniformly random
+    # permutation (ties, probability ~units²/2³³, keep a valid permutation by the stable sort)
+    perms = jnp.argsort(jax.random.bits(key, (config.num_epochs, units), jnp.uint32), axis=-1)
+    (params, opt_state), step_metrics = jax.lax.scan(epoch, (state.params, state.opt_state), perms)
     metrics.update({f"loss/{k}": jnp.mean(v) for k, v in step_metrics.items()})
     kl_coef = state.kl_coef
-    if config.method == "ppo_kl" and config.kl_adaptive is not None:
+    if config.kl_adaptive is not None and "kl_penalty" in step_metrics:
         kl_coef = adaptive_kl_coefficient(kl_coef, jnp.mean(step_metrics["kl_penalty"][-1]),
                                           config.kl_adaptive)
     ring = version_ring.push(state.ring, params)
     return state.replace(params=params, opt_state=opt_state, ring=ring, kl_coef=kl_coef), metrics
 
 
-def init_state(config: TrainConfig, key: chex.PRNGKey) -> TrainState:
-    """Network, optimiser, version ring (K = ``config.delay.ring_size``) and env state of one seed."""
+def init_state(config: TrainConfig, key: chex.PRNGKey, hparams: Optional[HyperParams] = None) -> TrainState:
+    """Network, optimiser, version ring (K = ``config.delay.ring_size``) and env state of one
+    seed; β starts at ``hparams.kl_coef`` (``hparams`` default: ``HyperParams.from_config``)."""
+    hparams = HyperParams.from_config(config) if hparams is None else hparams
     key_net, key_env = jax.random.split(key)
     venv = config.vec_env
     env_state, obs = venv.reset(key_env)
-    params = config.network().init(key_net, obs[:1])
+    params = networks.init_params(config.network(), key_net, obs[:1])
     return TrainState(
         params=params,
-        opt_state=config.optimizer().init(params),
+        opt_state=config.optimizer(hparams.learning_rate).init(params),
         ring=version_ring.init(params, config.delay.ring_size),
         env_state=env_state,
         obs=obs,
         last_return=jnp.zeros((), jnp.float32),
-        kl_coef=jnp.asarray(config.kl_coef, jnp.float32),
+        kl_coef=jnp.asarray(hparams.kl_coef, jnp.float32),
     )
 
 
 def train_iteration(config: TrainConfig, state: TrainState, key: chex.PRNGKey,
-                    sweep: SweepParams = SweepParams()) -> tuple[TrainState, dict]:
+                    hparams: Optional[HyperParams] = None) -> tuple[TrainState, dict]:
     """One rollout + one batch of updates + one ring push (see the module docstring)."""
+    hparams = HyperParams.from_config(config) if hparams is None else hparams
     key_roll, key_upd = jax.random.split(key)
-    state, batch, roll_metrics = _rollout(config, state, key_roll, sweep)
-    state, upd_metrics = _update(config, state, batch, key_upd, sweep)
+    state, batch, roll_metrics = _rollout(config, state, key_roll, hparams)
+    state, upd_metrics = _update(config, state, batch, key_upd, hparams)
     return state, {**roll_metrics, **upd_metrics}
 
 
-def train(config: TrainConfig, key: chex.PRNGKey, sweep: SweepParams = SweepParams()) -> TrainOutput:
+def train(config: TrainConfig, key: chex.PRNGKey, hparams: Optional[HyperParams] = None) -> TrainOutput:
     """A whole run; ``jax.jit(train, static_argnums=0)`` and ``jax.vmap(train, (None, 0))`` over keys.
 
-    ``sweep`` (:class:`SweepParams`) carries array-valued hyperparameters: vmap over it too
+    ``hparams`` (:class:`~fresh_rl.control.hyperparams.HyperParams`, default
+    ``HyperParams.from_config(config)``) holds the traced hyperparameters: vmap over it too
     (``jax.vmap(train, (None, 0, 0))``) to run a seeds × values grid from one compilation.
+    Concrete values are range-checked here (``ValueError`` naming the field).
 
     Returns the final learner parameters, the final :class:`TrainState` and a dict of
     ``[config.num_iterations]`` metric arrays (see the module docstring).
     """
-    sweep.validate(config)
-    key_init, key_loop = jax.random.split(key)
-    state = init_state(config, key_init)
+    hparams = HyperParams.from_config(config) if hparams is None else hparams
+    hparams.validate(config)
+    key_init, key_loop = split_run_key(key)
+    state = init_state(config, key_init, hparams)
     state, metrics = jax.lax.scan(
-        lambda s, k: train_iteration(config, s, k, sweep), state,
-        jax.random.split(key_loop, config.num_iterations),
+        lambda s, k: train_iteration(config, s, k, hparams), state,
+        step_keys(key_loop, 0, config.num_iterations),
     )
     return TrainOutput(params=state.params, state=state, metrics=metrics)

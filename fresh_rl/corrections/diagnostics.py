@@ -7,7 +7,7 @@ without changing its gradient.
 
 References: J. Schulman, "Approximating KL Divergence" (2020, blog) for k1/k2/k3;
 Kong (1992) / Owen (2013, ch. 9) for the effective sample size; VACO (arXiv 2603.01365,
-the TV estimate of its Eq. 5 as described in papers/vaco.md §3.2) for ``tv_estimate``.
+the TV estimate of Eq. 5 of its ICLR 2026 submission; docs/vaco.md) for ``tv_estimate``.
 """
 from __future__ import annotations
 
@@ -89,8 +89,8 @@ def ratio_statistics(log_ratio: chex.Array, mask: Optional[chex.Array] = None) -
     """Mean, standard deviation, min and max of ``r = exp(log_ratio)`` over valid entries.
 
     Keys ``ratio_mean``, ``ratio_std``, ``ratio_min``, ``ratio_max``, plus ``log_ratio_abs_mean``
-    (mean |log r|, the drift measure old_logits.md §4.2 asks to log). With no valid entry,
-    min and max are reported as 1.
+    (mean |log r|, the drift measure to log for the EWMA reference; docs/old_logits.md).
+    With no valid entry, min and max are reported as 1.
     """
     mask = check_per_token([log_ratio], mask)
     log_r = jnp.where(mask, jax.lax.stop_gradient(log_ratio), 0.0)
@@ -130,8 +130,8 @@ def version_lag_statistics(
     """Policy-version lag ``current_version − v_behav`` of the valid samples / tokens.
 
     ``behaviour_versions`` are the integer version tags written at collection time (per
-    sample, or per token for partial rollouts). Returns ``lag_mean`` and ``lag_max``
-    (0 when nothing is valid) — the lag diagnostics DESIGN.md asks every run to log.
+    sample, or per token for partial rollouts). Returns ``version_gap_mean`` and ``version_gap_max``
+    (0 when nothing is valid) — the lag diagnostics every run logs (docs/README.md, conventions).
     """
     chex.assert_type(behaviour_versions, int)
     if mask is None:
@@ -140,6 +140,6 @@ def version_lag_statistics(
     chex.assert_equal_shape([behaviour_versions, mask])
     lag = (jnp.asarray(current_version) - behaviour_versions).astype(jnp.float32)
     return {
-        "lag_mean": masked_mean(lag, mask),
-        "lag_max": jnp.max(jnp.where(mask, lag, 0.0), initial=0.0),
+        "version_gap_mean": masked_mean(lag, mask),
+        "version_gap_max": jnp.max(jnp.where(mask, lag, 0.0), initial=0.0),
     }

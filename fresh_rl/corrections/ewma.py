@@ -1,4 +1,4 @@
-"""Revised PPO-EWMA reference parameters (old-logit repair, arXiv 2605.12070, §4 of papers/old_logits.md).
+"""Revised PPO-EWMA reference parameters (old-logit repair, arXiv 2605.12070; docs/old_logits.md).
 
 A trainer-side parameter copy θ_ref stands in for the missing old-logit policy:
 
@@ -31,7 +31,7 @@ BETA_RULES = ("centre_of_mass", "mean_age", "one_minus_inverse")
 def ewma_beta_from_staleness(staleness_window: float, rule: str = "centre_of_mass") -> float:
     """β from the staleness window W (the maximum version lag), by a documented rule.
 
-    The paper's formula is unknown (old_logits.md §4.2); the rules match the EWMA centre of
+    The paper's formula is unknown (docs/old_logits.md); the rules match the EWMA centre of
     mass β/(1 − β) to an age:
       ``"centre_of_mass"`` (default): β = W/(W + 1), centre of mass W;
       ``"mean_age"``: β = W/(W + 2), centre of mass W/2 (mean age of uniformly stale data);
@@ -56,7 +56,7 @@ class EWMAConfig:
       beta: β ∈ [0, 1]; see :func:`ewma_beta_from_staleness` (use :meth:`from_staleness`).
       reset_active_fraction: τ ∈ [0, 1] or ``None`` (no reset). Reset θ_ref ← θ when the
         active-token fraction falls below τ. The paper's τ is unknown; the default 0.9 is
-        the placeholder suggested in old_logits.md §4.2 (0.9–0.95 for token MIS [0.5, 2]).
+        our placeholder (docs/old_logits.md; 0.9–0.95 suits a token MIS mask [0.5, 2]).
     """
 
     beta: float
@@ -84,21 +84,24 @@ class EWMAReference:
 
 
 def init_ewma_reference(params: Any) -> EWMAReference:
-    """θ_ref = θ_0 (old_logits.md §4.2)."""
+    """θ_ref = θ_0 (docs/old_logits.md, "Revised PPO-EWMA")."""
     return EWMAReference(params=params, reset_count=jnp.zeros((), jnp.int32))
 
 
 def ewma_update(
-    reference: EWMAReference, params: Any, config: EWMAConfig, beta: Optional[chex.Array] = None
+    reference: EWMAReference, params: Any, config: Optional[EWMAConfig] = None, beta: Optional[chex.Array] = None
 ) -> EWMAReference:
     """``θ_ref ← β θ_ref + (1 − β) θ`` as one ``tree_map`` (Hilton et al. 2021, arXiv 2110.00641, PPO-EWMA).
 
     ``beta`` (optional, may be traced, e.g. derived from a staleness window held in state)
-    replaces ``config.beta``; the caller keeps it in [0, 1]. Each leaf is combined in at least
+    replaces ``config.beta`` (one of the two must be given); the caller keeps it in [0, 1]. Each leaf is combined in at least
     float32 and cast back, so bfloat16 leaves keep their dtype without accumulating rounding.
     """
     chex.assert_trees_all_equal_shapes_and_dtypes(reference.params, params)
-    beta = config.beta if beta is None else beta
+    if beta is None:
+        if config is None:
+            raise ValueError("ewma_update needs config or beta")
+        beta = config.beta
 
     def mix(ref, p):
         compute = jnp.promote_types(ref.dtype, jnp.float32)
@@ -108,16 +111,24 @@ def ewma_update(
 
 
 def ewma_maybe_reset(
-    reference: EWMAReference, params: Any, active_fraction: chex.Array, config: EWMAConfig
+    reference: EWMAReference,
+    params: Any,
+    active_fraction: chex.Array,
+    config: Optional[EWMAConfig] = None,
+    threshold: Optional[chex.Array] = None,
 ) -> EWMAReference:
     """Auto-reset: ``θ_ref ← θ`` if ``active_fraction < τ`` (jittable, no Python branch on data).
 
     ``active_fraction`` is ρ_active from :func:`decoupled_ppo_loss` computed with the current
-    θ_ref. With ``reset_active_fraction=None`` the reference is returned unchanged.
+    θ_ref. ``threshold`` (optional, may be traced, e.g. a hyperparameter held in state)
+    replaces ``config.reset_active_fraction``; with neither (or ``reset_active_fraction=None``)
+    the reference is returned unchanged.
     """
-    if config.reset_active_fraction is None:
+    if threshold is None:
+        threshold = None if config is None else config.reset_active_fraction
+    if threshold is None:
         return reference
     chex.assert_trees_all_equal_shapes_and_dtypes(reference.params, params)
-    reset = jnp.asarray(active_fraction) < config.reset_active_fraction
+    reset = jnp.asarray(active_fraction) < threshold
     new_params = jax.tree_util.tree_map(lambda ref, p: jnp.where(reset, p, ref), reference.params, params)
     return EWMAReference(params=new_params, reset_count=reference.reset_count + reset.astype(jnp.int32))

@@ -297,7 +297,7 @@ def impala_policy_gradient_loss(
 
 @dataclasses.dataclass(frozen=True)
 class VACOConfig:
-    """VACO TV-filter settings (Honari et al. 2026, arXiv 2603.01365; papers/vaco.md §3.2).
+    """VACO TV-filter settings (Honari et al. 2026, arXiv 2603.01365; docs/vaco.md).
 
     Attributes:
       delta: threshold δ > 0 (the paper uses 0.2; its scale is unresolved, see below).
@@ -306,7 +306,7 @@ class VACOConfig:
         ``"l1"`` — δ is an L1 budget, filter when mean|r − 1| > δ, i.e. D̂ > δ/2 (TVPO's
         ``clip_ratio`` convention). Report which one a run used.
       reference: the π_ref of the ratio r = π_θ/π_ref: ``"learner_start"`` (default, π_T,
-        forward lag only, vaco.md §3.2) or ``"behaviour"`` (β, total lag).
+        forward lag only, docs/vaco.md) or ``"behaviour"`` (β, total lag).
       importance_weighted_tv: estimate D̂ = ½·mean(w|r − 1|) with w = π_T/β (detached), an
         unbiased estimate of TV(π_θ, π_T) when actions come from β. Whether the paper
         does this is unknown; off by default. Needs ``reference="learner_start"``.
@@ -324,10 +324,14 @@ class VACOConfig:
         if self.importance_weighted_tv and self.reference != "learner_start":
             raise ValueError("importance_weighted_tv requires reference='learner_start', got 'behaviour'")
 
+    def threshold(self, delta: Union[float, chex.Array]) -> Union[float, chex.Array]:
+        """A δ (float or traced) expressed on the D̂ = ½·mean|r − 1| scale of this convention."""
+        return delta if self.threshold_convention == "tv" else 0.5 * delta
+
     @property
     def tv_threshold(self) -> float:
-        """δ expressed on the D̂ = ½·mean|r − 1| scale."""
-        return self.delta if self.threshold_convention == "tv" else 0.5 * self.delta
+        """``config.delta`` on the D̂ scale."""
+        return self.threshold(self.delta)
 
 
 def tv_filter_mask(
@@ -338,7 +342,7 @@ def tv_filter_mask(
     tv_threshold: float,
 ) -> chex.Array:
     """VACO's detached keep-mask: all valid samples if ``tv ≤ tv_threshold``, else those with
-    ``Â · sign(r − 1) ≤ 0`` (vaco.md §3.2: drop samples whose gradient would raise the TV
+    ``Â · sign(r − 1) ≤ 0`` (docs/vaco.md: drop samples whose gradient would raise the TV
     estimate). Samples with r = 1 or Â = 0 are always kept."""
     log_ratio = jax.lax.stop_gradient(log_ratio)
     pushes_outward = jax.lax.stop_gradient(advantages) * jnp.sign(log_ratio) > 0
@@ -361,11 +365,12 @@ def vaco_policy_loss(
         m_i = 1 if D̂ ≤ δ else 1[Â_i · sign(r_i − 1) ≤ 0],
         L = −(1/N) Σ_i m_i r_i Â_i                     (N = valid samples)
 
-    (arXiv 2603.01365 Eqs. 5, 15, 16 of the submission as reconstructed in papers/vaco.md
-    §3.2–3.3; the worked examples of TVPO fix the sign rule.) ``advantages`` are the frozen
+    (arXiv 2603.01365, Eqs. 5, 15, 16 of its ICLR 2026 submission as reconstructed in
+    docs/vaco.md; the worked examples of TVPO fix the sign rule.) ``advantages`` are the frozen
     realigned advantages (:func:`vtrace` output). Normalising by N valid rather than by the
-    kept count is our choice. ``delta`` (optional, may be traced: one compile for a δ sweep)
-    overrides ``config.delta`` under the same threshold convention. Metrics add ``tv_filter_estimate`` (D̂ as compared with δ),
+    kept count is our choice. ``delta``: δ as a plain scalar (may be traced: one compile for a δ
+    sweep; ``math.inf`` never filters), read under ``config.threshold_convention``; ``None``
+    uses ``config.delta``. Metrics add ``tv_filter_estimate`` (D̂ as compared with δ),
     ``filter_on`` (D̂ above threshold), ``mask_fraction`` and ``backward_ratio_mean``
     (mean π_T/β, the backward-lag weight).
     """
@@ -380,8 +385,7 @@ def vaco_policy_loss(
     if config.importance_weighted_tv:
         deviation = jnp.exp(backward_log_ratio) * deviation
     tv = 0.5 * masked_mean(deviation, mask)
-    threshold = config.tv_threshold if delta is None else (
-        delta if config.threshold_convention == "tv" else 0.5 * delta)
+    threshold = config.threshold(config.delta if delta is None else delta)
     kept = tv_filter_mask(log_ratio, advantages, mask, tv, threshold)
     loss = masked_mean(jnp.where(kept, -ratio * advantages, 0.0), mask)
     return _with_diagnostics(
@@ -398,7 +402,7 @@ def vaco_policy_loss(
 
 @dataclasses.dataclass(frozen=True)
 class DPPOBinaryTVConfig:
-    """DPPO Binary-TV thresholds (Qi et al. 2026, arXiv 2602.04879; papers/anchors.md §5).
+    """DPPO Binary-TV thresholds (Qi et al. 2026, arXiv 2602.04879; docs/anchors.md).
 
     Attributes:
       delta_low: δ_low > 0, how far the sampled token's probability may fall below the

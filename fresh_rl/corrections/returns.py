@@ -157,7 +157,7 @@ class VTraceConfig:
         uses ``rho_bar`` as in the IMPALA paper; rlax's ``clip_pg_rho_threshold`` is this knob.
       impala_bootstrap: what the IMPALA advantage bootstraps from at step t + 1:
         ``"target"`` (default) the V-trace target v_{t+1}, as written in the IMPALA paper and
-        in VACO's realignment (papers/vaco.md §3.1 (i)); ``"lambda_mixed"`` the mixture
+        in VACO's realignment (docs/vaco.md, IMPALA form); ``"lambda_mixed"`` the mixture
         λ v_{t+1} + (1 − λ) V(s_{t+1}), the λ-return Q estimate that ``rlax`` uses. The two
         agree at λ = 1. Offering both is our choice, so that results can be compared with
         rlax-based agents.

@@ -2,7 +2,7 @@
 
 Each actor group acts with the parameter version ``k`` learner updates old, ``k`` drawn
 independently per group and per call of ``sample_lags`` (the trainer decides how often to
-redraw; DESIGN.md "Lag simulation"). Target distributions on ``{0, …, K − 1}``::
+redraw; docs/vaco.md, "Policy lag"). Target distributions on ``{0, …, K − 1}``::
 
     fixed      P(k) = 1[k = k0]
     uniform    P(k) = 1 / (k_max − k_min + 1)              for k_min ≤ k ≤ k_max

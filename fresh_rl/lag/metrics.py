@@ -73,8 +73,8 @@ def lag_metrics(
     gaps = version_lag_statistics(behaviour_versions, learner_version, mask)
     ratio = jnp.exp(jnp.where(mask, log_ratio, 0.0))  # no inf from padded entries
     return {
-        "version_gap_mean": gaps["lag_mean"],
-        "version_gap_max": gaps["lag_max"],
+        "version_gap_mean": gaps["version_gap_mean"],
+        "version_gap_max": gaps["version_gap_max"],
         "stale_fraction": fraction(behaviour_versions != learner_version, mask),
         "tv": tv_estimate(log_ratio, mask),
         "ess": effective_sample_size(ratio, mask),

@@ -4,7 +4,7 @@ Pure functions over a pytree ``VersionRing``: every leaf of ``state.params`` has
 axis K (one slot per stored version). ``push`` writes the learner's new parameters over the
 oldest slot; ``get(state, k)`` returns the parameters ``k`` learner updates old, i.e. version
 ``v_latest − k``, which an actor group with backward lag ``k`` acts with (VACO's β_T against
-π_T, papers/vaco.md §1). Everything works under ``jit``, ``vmap`` (one ring per seed) and
+π_T, docs/vaco.md). Everything works under ``jit``, ``vmap`` (one ring per seed) and
 ``donate_argnums`` (``push`` only writes one slot).
 
 **Versions** are int32 counts of learner updates: ``init`` stores version 0, each ``push``

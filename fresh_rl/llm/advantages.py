@@ -13,7 +13,7 @@ the batch holds ``B / G`` groups of ``G`` rollouts of the same prompt, stored co
     A_i =  R_i − mean_g R                             (scale_by_std=False; Dr. GRPO,
                                                        Liu et al. 2025, arXiv 2503.20783)
 
-REINFORCE++ (Hu 2025, arXiv 2501.03262; as used by FreshPER, papers/freshper.md §1.10):
+REINFORCE++ (Hu 2025, arXiv 2501.03262; as used by FreshPER, docs/freshper.md):
 
 1. response-level reward normalisation: ``R̃ = (R − mean R) / (std R + eps)`` over the batch
    (``group_size=None``, REINFORCE++'s "batch" grouping) or within each prompt group

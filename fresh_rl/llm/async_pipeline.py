@@ -1,14 +1,14 @@
 """Asynchronous LLM RL simulator: staleness, partial rollouts and old-logit routes.
 
-Reproduces the missing-old-logit mechanism of arXiv 2605.12070 (papers/old_logits.md) on
-top of the synchronous trainer (:mod:`fresh_rl.llm.trainer`). One jitted iteration at learner
+Reproduces the missing-old-logit mechanism of arXiv 2605.12070 (docs/old_logits.md) on top of the synchronous trainer (:mod:`fresh_rl.llm.trainer`). One jitted iteration at learner
 version k:
 
 1. **lag**: the batch starts at version k − L, L drawn in [0, w] (``AsyncConfig.lag_kind``;
    default ``"fixed"``: L = w, the maximum staleness — our choice, the paper's lag
    distribution is not known), clipped to the versions the ring holds early in training.
-   The run's window w ≤ W is a state leaf (:func:`init_state`), so one compiled iteration
-   serves every w ≤ W (a sweep over windows compiles once per route).
+   The run's window w ≤ W is a traced hyperparameter (``state.hparams.window``,
+   :class:`fresh_rl.llm.hparams.LLMHyperParams`), so one compiled iteration serves every
+   w ≤ W (a sweep over windows compiles once per route).
 2. **collect** with the bf16 sampler from the ring of the last W + 1 versions
    (:mod:`fresh_rl.lag.version_ring`), the inference engine. Without partial rollouts the
    whole batch is sampled by version k − L. With ``partial_rollouts`` the engine receives a
@@ -18,11 +18,12 @@ version k:
    versions and its newest tokens may come from θ_k. Every action token carries its version
    tag (``Episodes.token_extras["version"]``). Optional Gaussian logit noise
    (``extra_mismatch_std``) adds a mismatch on top of bf16 vs fp32.
-3. **old log-probs** by the route of :mod:`fresh_rl.llm.old_logits`.
+3. **old log-probs** by the route, looked up in the registry
+   :data:`fresh_rl.llm.old_logits.ROUTES` (no route names are special-cased here).
 4. **update**: the trainer's ``update`` with ``loss="decoupled"``: MIS/TIS on r_d, clip on r_s.
 5. **versions**: push θ_{k+1} into the ring; for the EWMA routes
-   θ_ref ← β θ_ref + (1 − β) θ_{k+1} once per version (β = w/(w + 1) unless set;
-   old_logits.md §4.2).
+   θ_ref ← β θ_ref + (1 − β) θ_{k+1} once per version (β = ``state.hparams.ewma_beta``,
+   default w/(w + 1); docs/old_logits.md).
 
 With W = 0 the sampler always uses θ_k and every route but the proxies reduces to the
 synchronous trainer's decoupled loss.
@@ -36,18 +37,21 @@ from typing import Any, Optional
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from fresh_rl.corrections import (EWMAConfig, EWMAReference, ewma_beta_from_staleness,
-                                  ewma_update, init_ewma_reference, version_lag_statistics)
+from fresh_rl.corrections import (EWMAReference, ewma_beta_from_staleness, ewma_update,
+                                  init_ewma_reference, version_lag_statistics)
 from fresh_rl.lag import version_ring
 from fresh_rl.lag.version_ring import VersionRing
 from fresh_rl.llm import old_logits as routes
+from fresh_rl.llm.hparams import LLMHyperParams
 from fresh_rl.llm.model import Qwen2Config
 from fresh_rl.llm.rollout import Episodes, right_to_left_padded, run_episodes, write_span
 from fresh_rl.llm.sampler import generate, join_prompt_and_generation
 from fresh_rl.llm.trainer import (Batch, RLConfig, TrainState, batch_metrics, cached_build,
-                                  group_reset_keys, init_train_state, prepare_batch,
-                                  run_loop, sampling_config, update)
+                                  group_reset_keys, init_train_state, loop_keys, prepare_batch,
+                                  sampling_config, stack_rows, update)
+from fresh_rl.sweep.loop import run_loop
 from fresh_rl.validation import require_choice, require_in_range, require_int
 
 LAG_KINDS = ("fixed", "uniform")
@@ -59,7 +63,8 @@ class AsyncConfig:
 
     Attributes:
       staleness_window: W ≥ 0, the maximum version lag of a token; the ring holds W + 1
-        versions. A run uses the window w ≤ W given to :func:`init_state` (default W).
+        versions. A run uses the window w ≤ W of its hyperparameters (``hparams.window``,
+        default W).
       lag_kind: ``"fixed"`` (every batch starts w versions back; default, our choice) or
         ``"uniform"`` (L uniform in [0, w] per batch).
       partial_rollouts: trajectories span versions (see the module docstring).
@@ -67,12 +72,13 @@ class AsyncConfig:
         the paper's is wall time). Ignored without partial rollouts.
       extra_mismatch_std: σ ≥ 0 of Gaussian noise on the sampler's logits (MoE-routing-like
         extra mismatch; 0 = bf16 vs fp32 only).
-      old_logit_route: one of :data:`fresh_rl.llm.old_logits.ROUTES`.
-      ewma_beta: β ∈ [0, 1] of the EWMA routes; ``None`` = w/(w + 1), centre of mass w
-        (:func:`fresh_rl.corrections.ewma_beta_from_staleness`; the paper's rule is not known).
-      ewma_reset_threshold: τ ∈ (0, 1): ``ewma`` resets θ_ref ← θ when the active-token
-        fraction falls below it (0.9, the placeholder of old_logits.md §4.2; the paper's τ is
-        not known). ``ewma_no_reset`` ignores it.
+      old_logit_route: a route registered in :data:`fresh_rl.llm.old_logits.ROUTES`.
+      ewma_beta: default of ``hparams.ewma_beta``, β ∈ [0, 1] of the EWMA routes; ``None`` =
+        w/(w + 1), centre of mass w (:func:`fresh_rl.corrections.ewma_beta_from_staleness`;
+        the paper's rule is not known).
+      ewma_reset_threshold: default of ``hparams.ewma_reset_threshold`` ∈ (0, 1): ``ewma``
+        resets θ_ref ← θ when the active-token fraction falls below it (0.9, a placeholder;
+        arXiv 2605.12070 does not give its value; docs/old_logits.md). ``ewma_no_reset`` ignores it.
     """
 
     staleness_window: int = 1
@@ -90,7 +96,7 @@ class AsyncConfig:
         require_int("AsyncConfig.segment_tokens", self.segment_tokens, 1)
         require_in_range("AsyncConfig.extra_mismatch_std", self.extra_mismatch_std, 0.0,
                          math.inf)
-        require_choice("AsyncConfig.old_logit_route", self.old_logit_route, routes.ROUTES)
+        require_choice("AsyncConfig.old_logit_route", self.old_logit_route, tuple(routes.ROUTES))
         if self.ewma_beta is not None:
             require_in_range("AsyncConfig.ewma_beta", self.ewma_beta, 0.0, 1.0)
         require_in_range("AsyncConfig.ewma_reset_threshold", self.ewma_reset_threshold, 0.0,
@@ -100,42 +106,48 @@ class AsyncConfig:
     def ring_size(self) -> int:
         return self.staleness_window + 1
 
+    @property
+    def route(self) -> routes.OldLogitRoute:
+        """The registered :class:`~fresh_rl.llm.old_logits.OldLogitRoute`."""
+        return routes.get_route(self.old_logit_route)
+
     def beta(self, window: int) -> float:
-        """The EWMA β of a run with window ``window``."""
+        """The default EWMA β of a run with window ``window``."""
         return ewma_beta_from_staleness(window) if self.ewma_beta is None else self.ewma_beta
 
-    @property
-    def ewma(self) -> EWMAConfig:
-        """EWMA settings at the full window W (a run with w < W uses ``beta(w)``)."""
-        reset = None if self.old_logit_route == "ewma_no_reset" else self.ewma_reset_threshold
-        return EWMAConfig(beta=self.beta(self.staleness_window), reset_active_fraction=reset)
+    def default_hparams(self, **overrides) -> LLMHyperParams:
+        """:meth:`LLMHyperParams.from_config` of this config (``window=``, ``ewma_beta=`` …)."""
+        return LLMHyperParams.from_config(self, **overrides)
 
 
 @flax.struct.dataclass
 class AsyncState:
     """Learner state, the ring of the last W + 1 versions (the inference engine's weights and
-    the snapshots), the run's window w ≤ W and EWMA β (int32 / float32 scalars) and θ_ref of
-    the EWMA routes (``None`` for the others)."""
+    the snapshots), the run's traced hyperparameters (:class:`LLMHyperParams`: window w ≤ W,
+    EWMA β and reset threshold, …) and θ_ref of the EWMA routes (``None`` for the others)."""
 
     train: TrainState
     ring: VersionRing
-    window: jax.Array
-    ewma_beta: jax.Array
+    hparams: LLMHyperParams
     ewma: Optional[EWMAReference] = None
 
 
 def init_state(config: RLConfig, async_config: AsyncConfig, params,
-               window: Optional[int] = None) -> AsyncState:
-    """Version 0 = ``params`` everywhere; window w (default W, must lie in [0, W]);
-    committed to the parameters' device."""
-    window = async_config.staleness_window if window is None else window
-    require_int("window", window, 0, async_config.staleness_window)
+               window: Optional[int] = None, *,
+               hparams: Optional[LLMHyperParams] = None) -> AsyncState:
+    """Version 0 = ``params`` everywhere; ``hparams`` (default
+    ``LLMHyperParams.from_config(async_config, window=window)``, window default W, must lie
+    in [0, W]); θ_ref allocated iff the route ``uses_ewma``; committed to the parameters'
+    device."""
+    if hparams is None:
+        hparams = LLMHyperParams.from_config(async_config, window=window)
+    elif window is not None:
+        raise ValueError("init_state: pass window inside hparams, not both")
+    hparams.validate(async_config.staleness_window)
     train = init_train_state(config, params)
-    ewma = (init_ewma_reference(train.params)
-            if async_config.old_logit_route in routes.EWMA_ROUTES else None)
+    ewma = init_ewma_reference(train.params) if async_config.route.uses_ewma else None
     state = AsyncState(train=train, ring=version_ring.init(train.params, async_config.ring_size),
-                       window=jnp.asarray(window, jnp.int32),
-                       ewma_beta=jnp.asarray(async_config.beta(window), jnp.float32), ewma=ewma)
+                       hparams=hparams, ewma=ewma)
     leaf = jax.tree_util.tree_leaves(params)[0]
     return jax.device_put(state, getattr(leaf, "sharding", None) or jax.devices()[0])
 
@@ -224,7 +236,7 @@ def collect(ring: VersionRing, start_lag, key, *, config: RLConfig, async_config
     policy = versioned_policy(
         ring, start_lag, config=config, async_config=async_config, env=env,
         model_config=model_config,
-        collect_segment_old_logprobs=async_config.old_logit_route in routes.COLLECTION_ROUTES)
+        collect_segment_old_logprobs=async_config.route.collection_time)
     return run_episodes(env, policy, key, config.batch_size, reset_keys)
 
 
@@ -244,44 +256,30 @@ class FreshBatch:
 
 def prepare(state: AsyncState, key, *, config: RLConfig, async_config: AsyncConfig, env,
             model_config: Qwen2Config) -> FreshBatch:
-    """Steps 1–3 of an iteration: lag → collect → old log-probs by the route."""
-    route = async_config.old_logit_route
+    """Steps 1–3 of an iteration: lag → collect → old log-probs by the registered route
+    (:class:`fresh_rl.llm.old_logits.OldLogitRoute`)."""
     k_collect, _ = jax.random.split(key)
-    ring, train = state.ring, state.train
-    lag = state.window if async_config.lag_kind == "fixed" else jax.random.randint(
-        jax.random.fold_in(key, 2), (), 0, state.window + 1)
+    ring, train, window = state.ring, state.train, state.hparams.window
+    lag = window if async_config.lag_kind == "fixed" else jax.random.randint(
+        jax.random.fold_in(key, 2), (), 0, window + 1)
     start_lag = version_ring.effective_lag(ring, lag)
     episodes = collect(ring, start_lag, k_collect, config=config, async_config=async_config,
                        env=env, model_config=model_config)
-    versions = episodes.token_extras["version"]
     action_mask = episodes.action_mask & episodes.mask
-    behaviour = jnp.where(action_mask, episodes.behavior_logprobs, 0.0)
-    args = dict(model_config=model_config, temperature=config.temperature)
-    old, alpha, ewma = None, None, state.ewma
-    reset = jnp.zeros((), bool)
-    if route == "recompute_current":
-        forwards = jnp.ones((), jnp.int32)  # prepare_batch's forward of θ_k
-    elif route == "snapshot":
-        old, forwards = routes.snapshot_logprobs(ring, episodes.tokens, episodes.mask, versions,
-                                                 action_mask, **args)
-    elif route in routes.COLLECTION_ROUTES:
-        old = episodes.token_extras["old_logprobs"]
-        segments = episodes.token_extras["segment"]
-        top = env.max_turns * chunk_schedule(async_config, env.action_len)[1]
-        forwards = jnp.sum(jax.vmap(lambda s: jnp.any(action_mask & (segments == s)))(
-            jnp.arange(1, top + 1)).astype(jnp.int32))
-    elif route in routes.PROXY_ROUTES:
-        old = behaviour  # placeholder: the loss builds the proxy per minibatch
-        alpha = routes.proxy_alpha(versions, action_mask, ring.latest_version)
-        forwards = jnp.zeros((), jnp.int32)
-    else:
-        old, ewma, reset, forwards = routes.ewma_logprobs(
-            ewma, train.params, episodes.tokens, episodes.mask, behaviour, action_mask,
-            mis=config.mis, ewma=async_config.ewma, **args)
+    context = routes.RouteContext(
+        params=train.params, ring=ring, ewma=state.ewma, hparams=state.hparams,
+        episodes=episodes, action_mask=action_mask,
+        behaviour_log_probs=jnp.where(action_mask, episodes.behaviour_log_probs, 0.0),
+        versions=episodes.token_extras["version"], config=config, async_config=async_config,
+        model_config=model_config,
+        segments=env.max_turns * chunk_schedule(async_config, env.action_len)[1])
+    out = async_config.route.fn(context)
     batch = prepare_batch(train.params, episodes, config=config, model_config=model_config,
-                          old_logprobs=old, proxy_alpha=alpha)
-    return FreshBatch(episodes=episodes, batch=batch, ewma=ewma, start_lag=start_lag,
-                      forwards=forwards, reset=reset)
+                          old_logprobs=out.old, proxy_alpha=out.proxy_alpha)
+    return FreshBatch(episodes=episodes, batch=batch,
+                      ewma=state.ewma if out.ewma is None else out.ewma, start_lag=start_lag,
+                      forwards=jnp.asarray(out.forwards, jnp.int32),
+                      reset=jnp.asarray(out.reset, bool))
 
 
 def update_key(key):
@@ -291,9 +289,11 @@ def update_key(key):
 
 def finish(state: AsyncState, train: TrainState, ewma: Optional[EWMAReference], *,
            async_config: AsyncConfig) -> AsyncState:
-    """Step 5: push the learner's new version into the ring; EWMA update of θ_ref."""
+    """Step 5: push the learner's new version into the ring; EWMA update of θ_ref with
+    β = ``state.hparams.ewma_beta``."""
+    del async_config  # the update reads only traced hyperparameters
     if ewma is not None:
-        ewma = ewma_update(ewma, train.params, async_config.ewma, beta=state.ewma_beta)
+        ewma = ewma_update(ewma, train.params, beta=state.hparams.ewma_beta)
     return state.replace(train=train, ring=version_ring.push(state.ring, train.params),
                          ewma=ewma)
 
@@ -304,10 +304,11 @@ def fresh_metrics(fresh: FreshBatch, update_metrics, learner_version, *,
     episodes = fresh.episodes
     action_mask = episodes.action_mask & episodes.mask
     ewma = fresh.ewma
+    gaps = version_lag_statistics(episodes.token_extras["version"], learner_version,
+                                  action_mask)
     return {**update_metrics, **batch_metrics(episodes, fresh.batch, config),
             "abs_log_rd_mean": update_metrics["train_infer/log_ratio_abs_mean"],
-            **version_lag_statistics(episodes.token_extras["version"], learner_version,
-                                     action_mask),
+            **{f"lag/{name}": value for name, value in gaps.items()},
             "start_lag": fresh.start_lag.astype(jnp.float32),
             "old_logit_forwards": fresh.forwards.astype(jnp.float32),
             "ewma_reset": fresh.reset.astype(jnp.float32),
@@ -322,8 +323,8 @@ def iteration(state: AsyncState, key, *, config: RLConfig, async_config: AsyncCo
 
     Metrics: the trainer's (success_rate, active_token_fraction, clip_fraction on r_s, …) plus
     ``abs_log_rd_mean`` (mean |log r_d| as the loss saw it, averaged over minibatches; for the
-    proxies the in-loss proxy), ``lag_mean`` / ``lag_max`` (version gap k − v of the action
-    tokens), ``start_lag``, ``old_logit_forwards`` (fp32 forward passes spent on old log-probs:
+    proxies the in-loss proxy), ``lag/version_gap_mean`` / ``lag/version_gap_max`` (version
+    gap k − v of the action tokens, the control trainers' names), ``start_lag``, ``old_logit_forwards`` (fp32 forward passes spent on old log-probs:
     full-batch forwards at train time, one per segment at collection time, none for the
     proxies), ``ewma_reset`` / ``ewma_reset_count``.
     """
@@ -331,7 +332,7 @@ def iteration(state: AsyncState, key, *, config: RLConfig, async_config: AsyncCo
                     model_config=model_config)
     train, metrics = update(state.train, fresh.batch, update_key(key), config=config,
                             model_config=model_config,
-                            proximal=routes.PROXY_ROUTES.get(async_config.old_logit_route))
+                            proximal=async_config.route.proximal)
     metrics = fresh_metrics(fresh, metrics, state.ring.latest_version, config=config)
     return finish(state, train, fresh.ewma, async_config=async_config), metrics
 
@@ -353,27 +354,36 @@ def make_iteration(config: RLConfig, async_config: AsyncConfig, env, model_confi
     return cached_build(("async", config, async_config, env, model_config, num_seeds), build)
 
 
-def train_loop(config: RLConfig, async_config: AsyncConfig, key, num_iterations: int, *,
-               params, env, model_config: Qwen2Config, num_seeds: Optional[int] = None,
-               window: Optional[int] = None, state: Optional[AsyncState] = None, log=None,
-               checkpointer=None, checkpoint_every: int = 10):
-    """Runs ``num_iterations`` iterations from ``params`` with window ``window`` (default W;
-    see :func:`init_state`), or from ``state``.
+def train_loop(config: RLConfig, async_config: AsyncConfig, seeds, num_iterations: int, *,
+               params, env, model_config: Qwen2Config, window: Optional[int] = None,
+               hparams: Optional[LLMHyperParams] = None, state: Optional[AsyncState] = None,
+               log=None, checkpointer=None, checkpoint_every: Optional[int] = None):
+    """Runs ``num_iterations`` iterations from ``params`` (or ``state``) through the one host
+    loop :func:`fresh_rl.sweep.run_loop`.
 
-    Iteration i uses ``fold_in(key, i)`` (as :func:`fresh_rl.llm.trainer.train_loop`). With
-    ``num_seeds`` = S, seed s uses ``split(key, S)[s]`` in place of ``key``, all seeds start
-    from ``params`` and run vmapped; ``history[name]`` is then ``[S, num_iterations]``
-    (else ``[num_iterations]``). History, logging and checkpoint/resume:
-    :func:`fresh_rl.llm.trainer.run_loop`.
+    ``seeds``: an int (one run; ``history[name]`` ``[num_iterations]``) or a sequence of ints
+    (S rows vmapped in one program, all from ``params``; ``[S, num_iterations]``), or run keys
+    (:func:`fresh_rl.llm.trainer.loop_keys`: the project's key schedule). ``hparams``: the
+    run's :class:`LLMHyperParams` (default from ``async_config`` with ``window``), unbatched
+    (the same for every row) or with a leading axis of S (one value per row: a sweep).
+    Logging and checkpoint/resume of the whole state: :func:`fresh_rl.sweep.run_loop`.
     """
+    key_loop, num_seeds = loop_keys(seeds)
     step_fn = make_iteration(config, async_config, env, model_config, num_seeds)
     if state is None:
-        state = init_state(config, async_config, params, window)
-        if num_seeds is not None:
-            state = jax.tree_util.tree_map(lambda x: jnp.stack([x] * num_seeds), state)
-    keys = key if num_seeds is None else jax.random.split(key, num_seeds)
-    return run_loop(step_fn, state, keys, num_iterations, vmapped=num_seeds is not None,
-                    checkpointer=checkpointer, checkpoint_every=checkpoint_every, log=log)
+        if hparams is None:
+            hparams = LLMHyperParams.from_config(async_config, window=window)
+        batched = num_seeds is not None and np.ndim(hparams.window) == 1
+        state = init_state(config, async_config, params,
+                           hparams=jax.tree_util.tree_map(lambda x: x[0], hparams) if batched
+                           else hparams)
+        state = stack_rows(state, num_seeds)
+        if batched:
+            hparams.validate(async_config.staleness_window)
+            state = state.replace(hparams=jax.device_put(hparams, jax.tree_util.tree_leaves(
+                state.hparams)[0].sharding))
+    return run_loop(step_fn, state, key_loop, num_iterations, checkpointer=checkpointer,
+                    checkpoint_every=checkpoint_every, log=log)
 
 
 def route_costs(async_config: AsyncConfig, params: Any,

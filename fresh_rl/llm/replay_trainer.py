@@ -1,6 +1,6 @@
 """Experience replay in the LLM RL loop: on-policy, standard PER and FreshPER (arXiv 2604.16918).
 
-One jitted iteration at learner version k (papers/freshper.md §1.5, the authors' loop):
+One jitted iteration at learner version k (the authors' loop; docs/freshper.md, "The replay loop"):
 
 1. **fresh step**: collect a batch and update on it once, exactly as the asynchronous
    pipeline does (:func:`fresh_rl.llm.async_pipeline.prepare`; W = 0 is the synchronous
@@ -34,9 +34,15 @@ is 1 + K updates, so τ = 500 in the paper is 500 iterations. Standard PER is
 **Online τ (beyond the paper).** With ``auto_tau`` the buffer's τ follows the measured drift:
 after each replay update the token-level ``kl_k3`` of r_s between the learner and the stored
 behaviour policy and the batch's mean age give κ̂ = KL/age (KL per version, assuming the linear
-growth of papers/freshper.md §2); an exponential moving average of κ̂ sets
+growth of docs/freshper.md, "Why an exponential"); an exponential moving average of κ̂ sets
 ``τ = 1/(c·κ̂)`` (ESS/n ≈ exp(−c·KL), c = ``auto_tau_ess_coefficient``; 1 is our choice), clipped
-to ``auto_tau_bounds`` and written with :func:`fresh_rl.replay.TrajectoryBuffer.set_age_decay_tau`.
+to ``auto_tau_bounds``.
+
+**τ lives in one place**: ``state.hparams.age_decay_tau`` (:class:`fresh_rl.llm.hparams.LLMHyperParams`;
+∞ for ``sampling`` other than ``"freshper"``), traced, so one compiled program serves every τ
+(:func:`set_initial_tau` stacks rows with different τ). The buffer keeps α/τ as its own leaf
+for its time-invariant keys; :func:`with_age_decay_tau` writes both together, and the logged
+``age_decay_tau`` is read from the hyperparameters.
 """
 from __future__ import annotations
 
@@ -51,12 +57,13 @@ import numpy as np
 
 from fresh_rl.corrections import approx_kl
 from fresh_rl.llm import async_pipeline as ap
-from fresh_rl.llm import old_logits as routes
+from fresh_rl.llm.hparams import LLMHyperParams
 from fresh_rl.llm.model import Qwen2Config
 from fresh_rl.llm.sampler import token_logprobs_and_entropy
 from fresh_rl.llm.trainer import (Batch, RLConfig, cached_build, compute_advantages,
-                                  run_loop, update)
+                                  loop_keys, stack_rows, update)
 from fresh_rl.replay import ReplayConfig, ReplayState, make_trajectory_buffer
+from fresh_rl.sweep.loop import run_loop
 from fresh_rl.validation import require_choice, require_in_range, require_int
 
 SAMPLINGS = ("uniform", "per", "freshper")
@@ -74,8 +81,8 @@ class LLMReplayConfig:
       capacity: trajectories kept (FIFO eviction; the paper's 50 000 is far above our runs).
       sampling: ``"uniform"``, ``"per"`` (standard PER) or ``"freshper"``.
       priority_exponent: α (0.6 in the paper).
-      age_decay_tau: τ > 0 in iterations (``inf`` = standard PER); the initial τ with
-        ``auto_tau``.
+      age_decay_tau: default of ``hparams.age_decay_tau``, τ > 0 in iterations (``inf`` =
+        standard PER); the initial τ with ``auto_tau``.
       priority: base priority ``"reward"`` (|return| + ε, the paper's) or ``"advantage"``
         (|sequence advantage| + ε, refreshed after each replay).
       priority_eps: ε (1e-6 as the authors' code).
@@ -87,8 +94,8 @@ class LLMReplayConfig:
         batch's returns; needs ``estimator="reinforce_pp"`` with batch grouping) or
         ``"stored"`` (the advantages computed when the batch was fresh).
       auto_tau: set τ online from the measured drift (module docstring).
-      auto_tau_ess_coefficient: c in τ = 1/(c·κ̂) (our choice 1; papers/freshper.md §2 says
-        c is of order 1–2).
+      auto_tau_ess_coefficient: c in τ = 1/(c·κ̂) (our choice 1; the ESS argument of
+        docs/freshper.md puts c at order 1–2).
       auto_tau_momentum: EMA momentum of κ̂ (our choice 0.9).
       auto_tau_bounds: (τ_min, τ_max) clip of the online τ.
     """
@@ -168,35 +175,63 @@ def check_compatible(config: RLConfig, replay_config: LLMReplayConfig) -> None:
 
 @flax.struct.dataclass
 class ReplayLoopState:
-    """The pipeline state (learner, version ring, EWMA), the trajectory buffer, the iteration
-    counter and the online drift estimate κ̂ (KL per version; 0 until first measured)."""
+    """The pipeline state (learner, version ring, EWMA, the run's hyperparameters), the
+    trajectory buffer, the iteration counter and the online drift estimate κ̂ (KL per version;
+    0 until first measured). ``state.hparams`` is the pipeline's :class:`LLMHyperParams`
+    (window, EWMA β / reset threshold and τ), stored once."""
 
     pipeline: ap.AsyncState
     replay: ReplayState
     iteration: jax.Array
     kl_per_version: jax.Array
 
+    @property
+    def hparams(self) -> LLMHyperParams:
+        return self.pipeline.hparams
+
 
 def stored_item(width: int) -> dict[str, jax.Array]:
     """One stored trajectory (the buffer's example item) for transcripts of ``width`` tokens."""
     f32, i32 = jnp.zeros((width,), jnp.float32), jnp.zeros((width,), jnp.int32)
     return {"tokens": i32, "mask": jnp.zeros((width,), bool),
-            "action_mask": jnp.zeros((width,), bool), "behavior_logprobs": f32,
+            "action_mask": jnp.zeros((width,), bool), "behaviour_log_probs": f32,
             "old_logprobs": f32, "advantages": f32, "version": i32,
             "returns": jnp.zeros((), jnp.float32), "success": jnp.zeros((), bool)}
 
 
 def init_state(config: RLConfig, async_config: ap.AsyncConfig, replay_config: LLMReplayConfig,
-               params, env, window: Optional[int] = None) -> ReplayLoopState:
+               params, env, window: Optional[int] = None, *,
+               hparams: Optional[LLMHyperParams] = None) -> ReplayLoopState:
+    """A fresh run from ``params``: ``hparams`` default
+    ``LLMHyperParams.from_config(async_config, replay_config, window=window)``; the buffer's
+    α/τ is written from ``hparams.age_decay_tau``."""
     check_compatible(config, replay_config)
-    pipeline = ap.init_state(config, async_config, params, window)
+    if hparams is None:
+        hparams = LLMHyperParams.from_config(async_config, replay_config, window=window)
+    elif window is not None:
+        raise ValueError("init_state: pass window inside hparams, not both")
+    pipeline = ap.init_state(config, async_config, params, hparams=hparams)
     buffer = make_trajectory_buffer(replay_config.buffer_config(config.batch_size))
     replay = buffer.init(stored_item(env.transcript_len))
     state = ReplayLoopState(pipeline=pipeline, replay=replay,
                             iteration=jnp.zeros((), jnp.int32),
                             kl_per_version=jnp.zeros((), jnp.float32))
+    state = with_age_decay_tau(state, replay_config, config.batch_size, hparams.age_decay_tau)
     leaf = jax.tree_util.tree_leaves(params)[0]
     return jax.device_put(state, getattr(leaf, "sharding", None) or jax.devices()[0])
+
+
+def with_age_decay_tau(state: ReplayLoopState, replay_config: LLMReplayConfig,
+                       batch_size: int, tau) -> ReplayLoopState:
+    """``state`` with τ = ``tau`` (traced allowed) in its hyperparameters and its buffer's
+    α/τ (an O(capacity) rebuild of the keys; the buffer is left alone without FreshPER decay)."""
+    pipeline = state.pipeline.replace(hparams=state.hparams.replace(
+        age_decay_tau=jnp.asarray(tau, jnp.float32)))
+    replay = state.replay
+    if replay_config.sampling == "freshper":
+        buffer = make_trajectory_buffer(replay_config.buffer_config(batch_size))
+        replay = buffer.set_age_decay_tau(replay, tau)
+    return state.replace(pipeline=pipeline, replay=replay)
 
 
 def sequence_advantage(advantages, action_mask):
@@ -228,7 +263,7 @@ def replay_batch(experience: dict, weights, *, config: RLConfig,
     if replay_config.importance_correction:
         advantages = advantages * weights[:, None]
     return Batch(tokens=experience["tokens"], mask=experience["mask"], action_mask=action_mask,
-                 behavior_logprobs=experience["behavior_logprobs"],
+                 behaviour_log_probs=experience["behaviour_log_probs"],
                  old_logprobs=experience["old_logprobs"],
                  advantages=jnp.where(action_mask, advantages, 0.0))
 
@@ -246,7 +281,8 @@ def iteration(state: ReplayLoopState, key, *, config: RLConfig, async_config: ap
     ``kl_k3`` / ``ess`` of r_s = π_θ/π_old against the stored behaviour policy, the clip and
     active-token fractions, the sampled items' ``age_mean`` / ``age_max``, the mean importance
     weight and their training success; ``replay/updates`` (replay updates that ran),
-    ``buffer_size``, ``age_decay_tau`` (the buffer's current τ; inf without decay),
+    ``buffer_size``, ``age_decay_tau`` (``state.hparams.age_decay_tau`` after this iteration;
+    inf without decay),
     ``kl_per_version`` (κ̂) and ``is_beta``.
     """
     buffer = make_trajectory_buffer(replay_config.buffer_config(config.batch_size))
@@ -254,7 +290,7 @@ def iteration(state: ReplayLoopState, key, *, config: RLConfig, async_config: ap
     learner_version = pipeline.ring.latest_version
     fresh = ap.prepare(pipeline, key, config=config, async_config=async_config, env=env,
                        model_config=model_config)
-    proximal = routes.PROXY_ROUTES.get(async_config.old_logit_route)
+    proximal = async_config.route.proximal
     train, fresh_update = update(pipeline.train, fresh.batch, ap.update_key(key), config=config,
                                  model_config=model_config, proximal=proximal)
     metrics = ap.fresh_metrics(fresh, fresh_update, learner_version, config=config)
@@ -262,7 +298,7 @@ def iteration(state: ReplayLoopState, key, *, config: RLConfig, async_config: ap
     episodes, batch = fresh.episodes, fresh.batch
     versions = episodes.token_extras["version"]
     item = {"tokens": batch.tokens, "mask": batch.mask, "action_mask": batch.action_mask,
-            "behavior_logprobs": batch.behavior_logprobs, "old_logprobs": batch.old_logprobs,
+            "behaviour_log_probs": batch.behaviour_log_probs, "old_logprobs": batch.old_logprobs,
             "advantages": batch.advantages,
             "version": jnp.where(batch.action_mask, versions, 0),
             "returns": episodes.returns.astype(jnp.float32), "success": episodes.success}
@@ -313,22 +349,21 @@ def iteration(state: ReplayLoopState, key, *, config: RLConfig, async_config: ap
     count = jnp.sum(ready.astype(jnp.float32))
     for name in REPLAY_METRICS:
         metrics[f"replay/{name}"] = jnp.sum(steps[name]) / jnp.maximum(count, 1.0)
+    pipeline = ap.finish(pipeline, train, fresh.ewma, async_config=async_config)
+    state = state.replace(pipeline=pipeline, replay=replay, iteration=state.iteration + 1,
+                          kl_per_version=kl_per_version)
     if replay_config.auto_tau:
         low, high = replay_config.auto_tau_bounds
         tau = jnp.where(kl_per_version > 0,
                         jnp.clip(1.0 / (replay_config.auto_tau_ess_coefficient
                                         * jnp.maximum(kl_per_version, 1e-12)), low, high),
-                        replay_config.age_decay_tau)
-        replay = buffer.set_age_decay_tau(replay, tau)
+                        state.hparams.age_decay_tau)
+        state = with_age_decay_tau(state, replay_config, config.batch_size, tau)
     metrics.update({"replay/updates": count,
-                    "buffer_size": replay.num_valid.astype(jnp.float32),
-                    "age_decay_tau": jnp.where(replay.decay_rate > 0,
-                                               replay_config.priority_exponent
-                                               / jnp.maximum(replay.decay_rate, 1e-30), jnp.inf),
+                    "buffer_size": state.replay.num_valid.astype(jnp.float32),
+                    "age_decay_tau": state.hparams.age_decay_tau,
                     "kl_per_version": kl_per_version, "is_beta": beta})
-    pipeline = ap.finish(pipeline, train, fresh.ewma, async_config=async_config)
-    return state.replace(pipeline=pipeline, replay=replay, iteration=state.iteration + 1,
-                         kl_per_version=kl_per_version), metrics
+    return state, metrics
 
 
 def make_iteration(config: RLConfig, async_config: ap.AsyncConfig,
@@ -350,38 +385,39 @@ def make_iteration(config: RLConfig, async_config: ap.AsyncConfig,
 
 
 def train_loop(config: RLConfig, async_config: ap.AsyncConfig, replay_config: LLMReplayConfig,
-               key, num_iterations: int, *, params, env, model_config: Qwen2Config,
-               num_seeds: Optional[int] = None, seed_keys=None, window: Optional[int] = None,
+               seeds, num_iterations: int, *, params, env, model_config: Qwen2Config,
+               window: Optional[int] = None, hparams: Optional[LLMHyperParams] = None,
                state: Optional[ReplayLoopState] = None, checkpointer=None,
-               checkpoint_every: int = 10, log=None):
-    """Runs iterations up to ``num_iterations``, counted from ``state.iteration`` (0 for a new
-    run); iteration i uses ``fold_in(key, i)``; with ``num_seeds`` = S row s uses
-    ``fold_in(seed_keys[s], i)``, ``seed_keys`` defaulting to ``split(key, S)`` (pass it to give
-    several rows the same seed, e.g. a τ ablation started from ``state`` with per-row τ; see
-    :func:`set_initial_tau`). History, logging and checkpoint/resume (the whole state: params,
-    optimizer, buffer, version ring, EWMA reference, counters, drift estimate):
-    :func:`fresh_rl.llm.trainer.run_loop`.
+               checkpoint_every: Optional[int] = None, log=None):
+    """Runs ``num_iterations`` iterations through the one host loop
+    :func:`fresh_rl.sweep.run_loop`.
+
+    ``seeds``: an int (one run) or a sequence of ints, one row each, vmapped in one program
+    (a seed may repeat: a τ ablation started from ``state`` with per-row τ, see
+    :func:`set_initial_tau`, uses common seeds), or run keys
+    (:func:`fresh_rl.llm.trainer.loop_keys`). ``state`` (default :func:`init_state` with
+    ``window`` / ``hparams``, stacked once per row) must have the rows' leading axis.
+    Checkpoint/resume covers the whole state: params, optimizer, buffer, version ring, EWMA
+    reference, hyperparameters, counters, drift estimate.
     """
+    key_loop, num_seeds = loop_keys(seeds)
     step_fn = make_iteration(config, async_config, replay_config, env, model_config, num_seeds)
     if state is None:
-        state = init_state(config, async_config, replay_config, params, env, window)
-        if num_seeds is not None:
-            state = jax.tree_util.tree_map(lambda x: jnp.stack([x] * num_seeds), state)
-    keys = key
-    if num_seeds is not None:
-        keys = jax.random.split(key, num_seeds) if seed_keys is None else seed_keys
-    return run_loop(step_fn, state, keys, num_iterations, vmapped=num_seeds is not None,
-                    first=int(np.asarray(state.iteration).reshape(-1)[0]),
-                    checkpointer=checkpointer, checkpoint_every=checkpoint_every, log=log)
+        state = stack_rows(init_state(config, async_config, replay_config, params, env, window,
+                                      hparams=hparams), num_seeds)
+    return run_loop(step_fn, state, key_loop, num_iterations, checkpointer=checkpointer,
+                    checkpoint_every=checkpoint_every, log=log)
 
 
 def set_initial_tau(state: ReplayLoopState, replay_config: LLMReplayConfig,
                     batch_size: int, taus) -> ReplayLoopState:
-    """Stacks ``state`` (unbatched) once per τ in ``taus`` with that τ in the buffer: one
-    compiled FreshPER program then runs a τ ablation (τ is a state leaf of the buffer)."""
-    buffer = make_trajectory_buffer(replay_config.buffer_config(batch_size))
+    """Stacks ``state`` (unbatched) once per τ in ``taus`` with that τ (hyperparameters and
+    buffer, :func:`with_age_decay_tau`): one compiled FreshPER program then runs a τ ablation."""
+    taus = [float(t) for t in taus]
+    if any(not t > 0 for t in taus):  # NaN fails too
+        raise ValueError(f"age_decay_tau must be in (0, inf], got {taus}")
     stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *[
-        state.replace(replay=buffer.set_age_decay_tau(state.replay, tau)) for tau in taus])
+        with_age_decay_tau(state, replay_config, batch_size, tau) for tau in taus])
     # committed like init_state's leaves, so the run reuses the compiled iteration
     leaf = jax.tree_util.tree_leaves(state.pipeline.train.params)[0]
     return jax.device_put(stacked, getattr(leaf, "sharding", None) or jax.devices()[0])
@@ -395,7 +431,7 @@ def drift_by_age(params, replay: ReplayState, *, config: RLConfig, model_config:
     :func:`fresh_rl.corrections.approx_kl`, r = π_θ/π_old against the stored behaviour
     policy), and the weight sums Σr, Σr² and token count (token ESS of any group of
     trajectories: (Σ Σr)² / (n · Σ Σr²)). One fp32 forward over the whole buffer
-    (papers/freshper.md §2: ESS/n ≈ exp(−c·KL), KL growing with age)."""
+    (docs/freshper.md: ESS/n ≈ exp(−c·KL), KL growing with age)."""
     experience = replay.experience
     logp, _ = token_logprobs_and_entropy(params, model_config, experience["tokens"],
                                          experience["mask"], temperature=config.temperature)
@@ -410,7 +446,39 @@ def drift_by_age(params, replay: ReplayState, *, config: RLConfig, model_config:
             "tokens": mask.sum(axis=1).astype(jnp.float32)}
 
 
+def ess_by_age(drift: dict, row_mask) -> list[dict]:
+    """Token ESS/n and token-weighted KL (k1, k3) of the stored trajectories grouped by age,
+    pooled over the rows in ``row_mask`` (``drift``: host arrays of :func:`drift_by_age`,
+    vmapped over rows)."""
+    valid = drift["valid"] & np.asarray(row_mask)[:, None]
+    out = []
+    for age in np.unique(drift["age"][valid]):
+        sel = valid & (drift["age"] == age)
+        s, s2, n = drift["ratio_sum"][sel].sum(), drift["ratio_sq_sum"][sel].sum(), \
+            drift["tokens"][sel].sum()
+        out.append({"age": int(age), "trajectories": int(sel.sum()), "tokens": int(n),
+                    "ess_fraction": float(s * s / max(n * s2, 1e-30)),
+                    **{k: float(np.average(drift[k][sel], weights=drift["tokens"][sel]))
+                       for k in ("kl_k1", "kl_k3")}})
+    return out
+
+
+def fit_decay(points: list[dict]) -> dict:
+    """Least squares through the origin of −log(ESS/n) = λ·age and KL = κ·age over the
+    :func:`ess_by_age` points (weighted by trajectories); τ ≈ 1/λ or 1/κ."""
+    age = np.array([p["age"] for p in points], float)
+    w = np.array([p["trajectories"] for p in points], float)
+    neg_log_ess = -np.log(np.clip([p["ess_fraction"] for p in points], 1e-12, 1.0))
+    kl = np.array([p["kl_k3"] for p in points])
+    denom = max(float(np.sum(w * age * age)), 1e-12)
+    lam = float(np.sum(w * age * neg_log_ess) / denom)
+    kappa = float(np.sum(w * age * kl) / denom)
+    return {"ess_decay_rate": lam, "tau_from_ess": 1.0 / lam if lam > 0 else math.inf,
+            "kl_per_version": kappa, "tau_from_kl": 1.0 / kappa if kappa > 0 else math.inf}
+
+
 __all__ = ["LLMReplayConfig", "REPLAY_METRICS", "ReplayLoopState", "base_priority",
-           "check_compatible", "drift_by_age", "init_state", "insert_versions", "iteration",
-           "make_iteration", "replay_batch", "sequence_advantage", "set_initial_tau",
-           "stored_item", "train_loop"]
+           "check_compatible", "drift_by_age", "ess_by_age", "fit_decay", "init_state",
+           "insert_versions", "iteration", "make_iteration", "replay_batch",
+           "sequence_advantage", "set_initial_tau", "stored_item", "train_loop",
+           "with_age_decay_tau"]

@@ -3,7 +3,7 @@
 Transcript layout (right-padded, `[B, env.transcript_len]`):
   BOS, obs_1, action_1, obs_2, action_2, ...        (no observation after the last action)
 `action_mask` marks the tokens the policy produced (what a policy-gradient loss trains on);
-`behavior_logprobs` holds the sampler's log-probs there (the inference-engine pi_infer).
+`behaviour_log_probs` holds the sampler's log-probs there (the inference-engine pi_infer).
 
 A policy is `policy(key, tokens [B, T], lengths [B], env_states, turn) -> (actions [B, A],
 action_lengths [B], action_logprobs [B, A], extras)`; `turn` is the int32 turn index and
@@ -29,7 +29,7 @@ class Episodes:
     tokens: jax.Array  # [B, T]
     mask: jax.Array  # [B, T]
     action_mask: jax.Array  # [B, T]
-    behavior_logprobs: jax.Array  # [B, T]
+    behaviour_log_probs: jax.Array  # [B, T]
     rewards: jax.Array  # [B, max_turns] per-turn reward (0 after the episode ended)
     turn_mask: jax.Array  # [B, max_turns] turns that were played
     success: jax.Array  # [B] the task's verifiable success at any turn
@@ -95,14 +95,14 @@ def run_episodes(env, policy, key, batch: int, reset_keys=None) -> Episodes:
     tokens = jax.vmap(write_span)(tokens, jnp.ones(batch, jnp.int32), obs, obs_len)
     lengths = 1 + obs_len
     action_mask = jnp.zeros((batch, width), bool)
-    behavior = jnp.zeros((batch, width), jnp.float32)
+    behaviour = jnp.zeros((batch, width), jnp.float32)
 
     def pad_action(x):
         return jnp.pad(x, ((0, 0), (0, env.action_len - x.shape[1])))
 
     def turn(carry, xs):
         key, turn_index = xs
-        tokens, lengths, action_mask, behavior, extras, states, done = carry
+        tokens, lengths, action_mask, behaviour, extras, states, done = carry
         active = ~done
         actions, action_lengths, logprobs, new_extras = policy(key, tokens, lengths, states,
                                                                turn_index)
@@ -112,7 +112,7 @@ def run_episodes(env, policy, key, batch: int, reset_keys=None) -> Episodes:
         tokens = jax.vmap(write_span)(tokens, lengths, actions, written)
         action_mask = jax.vmap(write_span)(action_mask, lengths, jnp.ones_like(actions, bool),
                                        written)
-        behavior = jax.vmap(write_span)(behavior, lengths, logprobs, written)
+        behaviour = jax.vmap(write_span)(behaviour, lengths, logprobs, written)
         extras = {name: jax.vmap(write_span)(extras[name], lengths, pad_action(new_extras[name]),
                                          written) for name in extras}
         lengths = lengths + written
@@ -127,16 +127,16 @@ def run_episodes(env, policy, key, batch: int, reset_keys=None) -> Episodes:
         lengths = lengths + shown
         out = (jnp.where(active, reward, 0.0), active, active & info["success"],
                active & info["format_ok"])
-        return (tokens, lengths, action_mask, behavior, extras, states, done), out
+        return (tokens, lengths, action_mask, behaviour, extras, states, done), out
 
     # The extras' names and dtypes come from one abstract call of the policy (no compute).
     spec = jax.eval_shape(policy, k_policy, tokens, lengths, states, jnp.zeros((), jnp.int32))[3]
     extras = {name: jnp.zeros((batch, width), value.dtype) for name, value in spec.items()}
-    init = (tokens, lengths, action_mask, behavior, extras, states, jnp.zeros(batch, bool))
+    init = (tokens, lengths, action_mask, behaviour, extras, states, jnp.zeros(batch, bool))
     xs = (jax.random.split(k_policy, env.max_turns), jnp.arange(env.max_turns, dtype=jnp.int32))
-    (tokens, lengths, action_mask, behavior, extras, _, _), (rewards, active, success, fmt) = \
+    (tokens, lengths, action_mask, behaviour, extras, _, _), (rewards, active, success, fmt) = \
         jax.lax.scan(turn, init, xs)
     return Episodes(tokens=tokens, mask=jnp.arange(width)[None] < lengths[:, None],
-                    action_mask=action_mask, behavior_logprobs=behavior, rewards=rewards.T,
+                    action_mask=action_mask, behaviour_log_probs=behaviour, rewards=rewards.T,
                     turn_mask=active.T, success=success.any(axis=0), format_ok=fmt.T,
                     token_extras=extras)

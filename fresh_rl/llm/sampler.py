@@ -2,7 +2,7 @@
 
 The sampler runs the model with bfloat16 weights and activations; the training forward runs
 it in float32. Their log-probs of the same tokens differ, so the train-inference ratio
-r_d = pi_train / pi_infer (papers/old_logits.md) is real rather than injected.
+r_d = pi_train / pi_infer (docs/old_logits.md) is real rather than injected.
 
 Sequence layout: prompts are LEFT-padded `[B, P]` with an explicit `prompt_mask`; the
 sampler writes generated tokens to cache slots P..P+N-1 and RoPE positions

@@ -19,17 +19,16 @@ One iteration (all jitted, one compiled function per (config, env, model) triple
      recompute);
    * ``loss="decoupled"``: :func:`~fresh_rl.corrections.decoupled_ppo_loss`, MIS/TIS on
      r_d = π_old_train/π_infer and the PPO clip on r_s = π_θ/π_old_train
-     (papers/old_logits.md §1.3).
+     (docs/old_logits.md).
 
 No KL-to-reference and no entropy bonus (both 0 in the ROLL agentic configs the papers use).
 Minibatches split episodes (rows); a fresh permutation per epoch.
-Determinism: everything derives from the key passed to :func:`train_loop`.
+Determinism: everything derives from the run's seed (:func:`train_loop`, :func:`loop_keys`).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from typing import Any, Optional
 
 import flax.struct
@@ -46,6 +45,8 @@ from fresh_rl.llm.model import Qwen2Config
 from fresh_rl.llm.rollout import Episodes, model_policy, run_episodes
 from fresh_rl.llm.sampler import SamplingConfig, token_logprobs_and_entropy
 from fresh_rl.llm.tasks import text
+from fresh_rl.sweep.keys import seed_key, seed_keys, split_run_key
+from fresh_rl.sweep.loop import run_loop
 from fresh_rl.validation import require_choice, require_in_range
 
 ESTIMATORS = ("grpo", "reinforce_pp")
@@ -185,7 +186,7 @@ class Batch:
     tokens: jax.Array  # [B, T]
     mask: jax.Array  # [B, T]
     action_mask: jax.Array  # [B, T]
-    behavior_logprobs: jax.Array  # [B, T] sampler (bf16) log-probs, pi_infer
+    behaviour_log_probs: jax.Array  # [B, T] sampler (bf16) log-probs, pi_infer
     old_logprobs: jax.Array  # [B, T] fp32 trainer log-probs at batch start, pi_old_train
     advantages: jax.Array  # [B, T]
     # [B, T] interpolation weight α of a proxy π_old (``policy_loss(proximal=...)``), else None
@@ -277,7 +278,7 @@ def prepare_batch(params, episodes: Episodes, *, config: RLConfig,
                                                      temperature=config.temperature)
     action_mask = episodes.action_mask & episodes.mask
     return Batch(tokens=episodes.tokens, mask=episodes.mask, action_mask=action_mask,
-                 behavior_logprobs=jnp.where(action_mask, episodes.behavior_logprobs, 0.0),
+                 behaviour_log_probs=jnp.where(action_mask, episodes.behaviour_log_probs, 0.0),
                  old_logprobs=jnp.where(action_mask, jax.lax.stop_gradient(old_logprobs), 0.0),
                  advantages=compute_advantages(config, episodes.returns, action_mask),
                  proxy_alpha=proxy_alpha)
@@ -290,17 +291,17 @@ def policy_loss(params, batch: Batch, *, config: RLConfig, model_config: Qwen2Co
     ``proximal`` (``"linear"`` / ``"loglinear"``, decoupled loss only) replaces
     ``batch.old_logprobs`` by the interpolation proxy between π_infer and the detached π_θ of
     this minibatch with weight ``batch.proxy_alpha`` (A-3PO / AReaL ``prox_logp_method``; no
-    extra forward pass; papers/old_logits.md §2)."""
+    extra forward pass; docs/old_logits.md, Proposition 1)."""
     logp, entropy = token_logprobs_and_entropy(params, model_config, batch.tokens, batch.mask,
                                                temperature=config.temperature)
     if config.loss == "ppo_clip":
-        loss, metrics = ppo_clip_loss(logp, batch.behavior_logprobs, batch.advantages,
+        loss, metrics = ppo_clip_loss(logp, batch.behaviour_log_probs, batch.advantages,
                                       batch.action_mask, config=config.clip)
     else:
         old = batch.old_logprobs
         if proximal is not None:
-            old = PROXIMAL_PROXIES[proximal](batch.behavior_logprobs, logp, batch.proxy_alpha)
-        loss, metrics = decoupled_ppo_loss(logp, old, batch.behavior_logprobs,
+            old = PROXIMAL_PROXIES[proximal](batch.behaviour_log_probs, logp, batch.proxy_alpha)
+        loss, metrics = decoupled_ppo_loss(logp, old, batch.behaviour_log_probs,
                                            batch.advantages, batch.action_mask,
                                            config=config.decoupled)
     metrics = dict(metrics, entropy=masked_mean(entropy, batch.action_mask))
@@ -336,7 +337,7 @@ def update(state: TrainState, batch: Batch, key, *, config: RLConfig,
 
 def batch_metrics(episodes: Episodes, batch: Batch, config: RLConfig) -> dict[str, jax.Array]:
     """Episode outcomes, train–inference discrepancy and advantage statistics of a batch."""
-    log_rd = jnp.abs(batch.old_logprobs - batch.behavior_logprobs)
+    log_rd = jnp.abs(batch.old_logprobs - batch.behaviour_log_probs)
     return {"mean_return": jnp.mean(episodes.returns),
             "success_rate": jnp.mean(episodes.success.astype(jnp.float32)),
             "abs_log_rd_mean": masked_mean(log_rd, batch.action_mask),
@@ -379,72 +380,52 @@ def make_iteration(config: RLConfig, env, model_config: Qwen2Config):
                                      model_config=model_config)))
 
 
-def run_loop(step_fn, state, keys, num_iterations: int, *, vmapped: bool = False,
-             first: int = 0, checkpointer=None, checkpoint_every: int = 10, log=None):
-    """The host loop of every LLM trainer: iteration i (for i in [first, num_iterations))
-    calls ``step_fn(state, fold_in(keys, i))`` (``keys`` ``[S, 2]`` folded row-wise when
-    ``vmapped``), so a run is a deterministic function of its keys.
+def loop_keys(seeds) -> tuple[jax.Array, Optional[int]]:
+    """``(key_loop, num_seeds)`` of a run by the project's one key schedule
+    (:mod:`fresh_rl.sweep.keys`): run key ``seed_key(s)``, ``key_loop = split_run_key(run)[1]``,
+    step i's key ``step_key(key_loop, i)``.
 
-    Returns ``(state, history)``: ``history[name]`` float32 ``[num_iterations]`` (``[S, n]``
-    vmapped) of every metric plus ``wall_seconds`` (the first includes compilation); rows
-    before ``first`` stay 0 unless restored. ``log(i, metrics)`` runs after each iteration.
-    ``checkpointer`` (:class:`fresh_rl.sweep.checkpoint.RunCheckpointer`): the state (every
-    leaf: params, optimizer, buffers, rings, counters) and the history are saved every
-    ``checkpoint_every`` iterations and at the end; when one exists the newest is restored
-    first and the loop continues after it with the same keys, so the result equals an
-    uninterrupted run's.
+    ``seeds``: an int (one run, ``num_seeds`` None), a sequence of ints (a leading seed axis
+    of ``len(seeds)`` rows; a seed may repeat, e.g. common seeds across a τ sweep), or run
+    keys already built (uint32 ``[2]`` or ``[S, 2]``, e.g. :func:`fresh_rl.sweep.seed_keys`).
     """
-    if not isinstance(num_iterations, int) or num_iterations < 1:
-        raise ValueError(f"num_iterations must be an integer >= 1, got {num_iterations!r}")
-    if not isinstance(checkpoint_every, int) or checkpoint_every < 1:
-        raise ValueError(f"checkpoint_every must be an integer >= 1, got {checkpoint_every!r}")
-    fold = jax.vmap(jax.random.fold_in, in_axes=(0, None)) if vmapped else jax.random.fold_in
-    history = None
-    if checkpointer is not None:
-        abstract_state = jax.eval_shape(lambda: state)
-        shapes = jax.eval_shape(step_fn, abstract_state, fold(keys, 0))[1]
-        abstract_history = {
-            name: jax.ShapeDtypeStruct(tuple(s.shape) + (num_iterations,), np.float32)
-            for name, s in {**shapes, "wall_seconds": shapes["loss"]}.items()}
-        restored = checkpointer.restore_latest({"state": abstract_state,
-                                                "history": abstract_history})
-        if restored is not None:
-            first, tree = restored
-            state = tree["state"]
-            history = {name: np.array(v) for name, v in tree["history"].items()}
-    for i in range(first, num_iterations):
-        start = time.perf_counter()
-        state, metrics = step_fn(state, fold(keys, i))
-        metrics = {k: np.asarray(v, np.float32) for k, v in jax.device_get(metrics).items()}
-        metrics["wall_seconds"] = np.full(np.shape(metrics["loss"]), time.perf_counter() - start,
-                                          np.float32)
-        if history is None:
-            history = {k: np.zeros(np.shape(v) + (num_iterations,), np.float32)
-                       for k, v in metrics.items()}
-        for name, value in metrics.items():
-            history[name][..., i] = value
-        if log is not None:
-            log(i, metrics)
-        if checkpointer is not None and ((i + 1) % checkpoint_every == 0
-                                         or i + 1 == num_iterations):
-            checkpointer.save(i + 1, {"state": state, "history": history})
-    return state, history
+    if isinstance(seeds, (int, np.integer)) and not isinstance(seeds, bool):
+        run = seed_key(int(seeds))
+    elif isinstance(seeds, (jax.Array, np.ndarray)) and np.asarray(seeds).dtype == np.uint32:
+        run = jnp.asarray(seeds)
+        if run.ndim not in (1, 2) or run.shape[-1] != 2:
+            raise ValueError(f"run keys must be uint32 [2] or [S, 2], got shape {run.shape}")
+    else:
+        run = seed_keys(list(seeds))
+    return split_run_key(run)[1], (run.shape[0] if run.ndim == 2 else None)
 
 
-def train_loop(config: RLConfig, key, num_iterations: int, *, params, env,
+def stack_rows(tree, num_rows: Optional[int]):
+    """``tree`` with a leading axis of ``num_rows`` copies (unchanged for ``None``)."""
+    if num_rows is None:
+        return tree
+    return jax.tree_util.tree_map(lambda x: jnp.stack([x] * num_rows), tree)
+
+
+def train_loop(config: RLConfig, seed, num_iterations: int, *, params, env,
                model_config: Qwen2Config, state: Optional[TrainState] = None,
-               log=None, checkpointer=None, checkpoint_every: int = 10):
-    """Runs ``num_iterations`` iterations from ``params`` (or ``state``); iteration i uses
-    ``fold_in(key, i)`` (:func:`run_loop`, which also documents the history and the
-    checkpoint/resume). Returns ``(state, history)``."""
+               log=None, checkpointer=None, checkpoint_every: Optional[int] = None):
+    """Runs ``num_iterations`` iterations of seed ``seed`` (an int, or a run key; see
+    :func:`loop_keys`) from ``params`` (or ``state``) through the one host loop
+    :func:`fresh_rl.sweep.run_loop` (history ``[num_iterations]`` per metric plus
+    ``wall_seconds``; logging; checkpoint/resume of the whole state). Returns
+    ``(state, history)``."""
+    key_loop, num_seeds = loop_keys(seed)
+    if num_seeds is not None:
+        raise ValueError("the synchronous trainer runs one seed; pass an int seed")
     step_fn = make_iteration(config, env, model_config)
     state = init_train_state(config, params) if state is None else state
-    return run_loop(step_fn, state, key, num_iterations, checkpointer=checkpointer,
+    return run_loop(step_fn, state, key_loop, num_iterations, checkpointer=checkpointer,
                     checkpoint_every=checkpoint_every, log=log)
 
 
 __all__ = ["Batch", "PROXIMAL_PROXIES", "RLConfig", "TrainState", "batch_metrics",
            "cached_build", "collect", "compute_advantages", "group_prompt_match",
            "group_reset_keys", "init_train_state", "iteration",
-           "make_iteration", "make_optimizer", "policy_loss", "prepare_batch", "run_loop",
-           "sampling_config", "train_loop", "update"]
+           "loop_keys", "make_iteration", "make_optimizer", "policy_loss", "prepare_batch",
+           "sampling_config", "stack_rows", "train_loop", "update"]

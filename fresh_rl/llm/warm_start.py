@@ -97,7 +97,7 @@ def evaluate(params, model_config: Qwen2Config, env, key, episodes: int,
                                                            result.mask, temperature=temperature
                                                            if temperature > 0 else 1.0)
     acted = np.asarray(result.action_mask)
-    log_rd = np.abs(np.asarray(train_logp - result.behavior_logprobs))[acted]
+    log_rd = np.abs(np.asarray(train_logp - result.behaviour_log_probs))[acted]
     return {"success": float(np.mean(result.success)),
             "return": float(np.mean(result.returns)),
             "format_ok": float(np.asarray(result.format_ok)[played].mean()),

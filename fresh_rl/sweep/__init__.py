@@ -1,11 +1,17 @@
-"""Seeds × hyperparameter sweeps sharded over devices, and checkpoint/resume of whole runs.
+"""Seeds × hyperparameter sweeps sharded over devices, one key schedule, one resumable host loop.
 
+* :mod:`.keys` — the seed → key schedule of every run (:func:`seed_key`, :func:`split_run_key`,
+  :func:`step_key`).
 * :mod:`.grid` — :func:`product_grid`, :func:`run_sharded` (one vmapped program, grid axis
   sharded over a ``("grid",)`` mesh, chunked), :func:`to_host`, :func:`initialize_distributed`.
-* :mod:`.checkpoint` — :class:`RunCheckpointer` (orbax) and :func:`run_resumable`.
+* :mod:`.loop` — :func:`run_loop`, the host loop of every trainer (chunked scans or per-step
+  calls, seed axis over the devices, checkpoint/resume).
+* :mod:`.checkpoint` — :class:`RunCheckpointer` (orbax) and :func:`progress_printer`.
 """
-from fresh_rl.sweep.checkpoint import CheckpointError, RunCheckpointer, progress_printer, run_resumable
+from fresh_rl.sweep.checkpoint import CheckpointError, RunCheckpointer, progress_printer
 from fresh_rl.sweep.grid import Grid, grid_mesh, initialize_distributed, product_grid, run_sharded, to_host
+from fresh_rl.sweep.keys import seed_key, seed_keys, split_run_key, step_key, step_keys
+from fresh_rl.sweep.loop import run_loop
 
 __all__ = [
     "CheckpointError",
@@ -15,7 +21,12 @@ __all__ = [
     "initialize_distributed",
     "product_grid",
     "progress_printer",
-    "run_resumable",
+    "run_loop",
     "run_sharded",
+    "seed_key",
+    "seed_keys",
+    "split_run_key",
+    "step_key",
+    "step_keys",
     "to_host",
 ]

@@ -1,29 +1,19 @@
-"""Checkpoint and resume of a whole run: state, metrics so far and the step counter.
+"""Orbax checkpoints of a whole run (state, history so far), written by the host loop.
 
-A run is ``init(key_init) → state`` followed by ``num_steps`` applications of
-``step(state, key_i) → (state, metrics_i)`` with ``key_init, key_loop = split(key)`` and
-``key_i = split(key_loop, num_steps)[i]`` — the same key schedule as
-:func:`fresh_rl.control.train.train`, so a resumable run reproduces a plain one. The state is
+:func:`fresh_rl.sweep.run_loop` saves ``{"state", "history"}`` through a :class:`RunCheckpointer`
+(synchronous, atomic: orbax writes to a temporary directory and renames it when complete) and
+on restart restores the newest one and continues with the same keys, so the final state and
+history equal those of an uninterrupted run bit for bit (tested with SIGKILL). The state is
 any pytree (params, optimiser state, replay buffer, version ring, EWMA reference, RNG keys,
-counters: whatever the trainer carries). :func:`run_resumable` scans ``every`` steps per
-compiled call and saves ``{"state", "metrics", "step"}`` after each chunk with orbax
-(synchronous, atomic: orbax writes to a temporary directory and renames it when complete).
-
-On restart it restores the newest checkpoint and continues with the same keys, so the final
-state and metrics equal those of an uninterrupted run bit for bit (tested with SIGKILL). A
-checkpoint written for another configuration (different ``fingerprint``) or with another
+counters: whatever the trainer carries). A checkpoint written for another configuration (different ``fingerprint``) or with another
 pytree structure, or one that cannot be read, raises :class:`CheckpointError` naming the
 directory; the older checkpoints are never deleted by a failed restore (``max_to_keep ≥ 2``
 keeps the previous good one) and ``fallback=True`` restores the newest readable one instead.
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Callable, Optional
-
-import jax
-import numpy as np
 
 from fresh_rl.validation import require_int
 
@@ -102,51 +92,6 @@ class RunCheckpointer:
         if errors:
             raise CheckpointError("no readable checkpoint:\n" + "\n".join(errors))
         return None
-
-
-def run_resumable(
-    init: Callable[[jax.Array], Any],
-    step: Callable[[Any, jax.Array], tuple[Any, dict]],
-    key: jax.Array,
-    num_steps: int,
-    checkpointer: RunCheckpointer,
-    every: int,
-    on_checkpoint: Optional[Callable[[int, int, float], None]] = None,
-) -> tuple[Any, dict]:
-    """Run (or resume) ``num_steps`` steps, checkpointing every ``every`` steps.
-
-    Returns the final state and the ``[num_steps]``-stacked metrics (NumPy).
-    ``on_checkpoint(done, num_steps, seconds_per_step)`` is called after each save (progress
-    bars, logging; :func:`progress_printer` prints one with an ETA).
-    """
-    require_int("num_steps", num_steps, 1)
-    require_int("every", every, 1)
-    key_init, key_loop = jax.random.split(key)
-    keys = jax.random.split(key_loop, num_steps)
-    abstract_state = jax.eval_shape(init, key_init)
-    metric_shapes = jax.eval_shape(step, abstract_state, keys[0])[1]
-    abstract_metrics = jax.tree.map(lambda s: jax.ShapeDtypeStruct((num_steps,) + s.shape, s.dtype),
-                                    metric_shapes)
-    restored = checkpointer.restore_latest(
-        {"state": abstract_state, "metrics": abstract_metrics, "step": jax.ShapeDtypeStruct((), np.int64)})
-    if restored is None:
-        done, state = 0, init(key_init)
-        metrics = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), abstract_metrics)
-    else:
-        done, tree = restored
-        state, metrics = tree["state"], jax.tree.map(np.array, tree["metrics"])
-    chunk = jax.jit(lambda s, ks: jax.lax.scan(step, s, ks))
-    while done < num_steps:
-        start_time = time.perf_counter()
-        end = min(done + every, num_steps)
-        state, chunk_metrics = chunk(state, keys[done:end])
-        for full, part in zip(jax.tree.leaves(metrics), jax.tree.leaves(chunk_metrics)):
-            full[done:end] = np.asarray(part)
-        checkpointer.save(end, {"state": state, "metrics": metrics, "step": np.int64(end)})
-        if on_checkpoint is not None:
-            on_checkpoint(end, num_steps, (time.perf_counter() - start_time) / (end - done))
-        done = end
-    return state, metrics
 
 
 def progress_printer(label: str = "", stream=None) -> Callable[[int, int, float], None]:

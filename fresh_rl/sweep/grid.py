@@ -6,9 +6,10 @@ hyperparameter. :func:`run_sharded` lays that axis out over every local device w
 one-axis :class:`jax.sharding.Mesh` (``"grid"``), so each device runs ``N / D`` points of the
 same compiled program; grids larger than memory run in chunks of ``chunk_size`` points.
 
-Determinism: point ``i``'s key is ``fold_in(PRNGKey(seed), seed_index(i))``, independent of the
-device count, the chunking and the other hyperparameters, so sharded, chunked and plain runs of
-the same grid give the same numbers (tested on 8 simulated CPU devices).
+Determinism: point ``i`` runs integer seed ``s_i`` with the run key ``seed_key(s_i)`` (the one
+schedule of :mod:`fresh_rl.sweep.keys`), independent of the device count, the chunking and the
+other hyperparameters, so sharded, chunked and plain runs of the same grid give the same numbers
+(tested on 8 simulated CPU devices), and seed 3 of a sweep equals ``fresh-rl train --seed 3``.
 
 Multi-host: call :func:`initialize_distributed` first on every host; the mesh then spans
 ``jax.devices()`` of all processes, each process feeds its addressable shards, and
@@ -28,6 +29,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from fresh_rl.sweep.keys import seed_keys
 from fresh_rl.validation import require_int
 
 GRID_AXIS = "grid"
@@ -40,7 +42,8 @@ class Grid:
     Attributes:
       keys: ``[N, 2]`` uint32 PRNG keys, one per point.
       values: name → ``[N]`` array of that hyperparameter at each point.
-      rows: N dicts ``{"seed": s, name: value, …}`` describing the points (for result tables).
+      rows: N dicts ``{"seed": s, name: value, …}`` describing the points (for result tables);
+        ``s`` is the integer seed, ``keys[i] = seed_key(rows[i]["seed"])``.
     """
 
     keys: jax.Array
@@ -53,7 +56,9 @@ class Grid:
 
 
 def product_grid(num_seeds: int, seed: int = 0, **values: Sequence) -> Grid:
-    """Cartesian product of ``num_seeds`` seeds and every hyperparameter's values (seed fastest)."""
+    """Cartesian product of the seeds ``seed … seed + num_seeds − 1`` and every
+    hyperparameter's values: seed fastest, then the hyperparameters from the last given to the
+    first (the first is slowest)."""
     require_int("num_seeds", num_seeds, 1)
     for name, vals in values.items():
         if len(vals) == 0:
@@ -61,10 +66,9 @@ def product_grid(num_seeds: int, seed: int = 0, **values: Sequence) -> Grid:
     names = list(values)
     rows = []
     for combo in itertools.product(*(values[n] for n in names)):
-        for s in range(num_seeds):
+        for s in range(seed, seed + num_seeds):
             rows.append({"seed": s, **dict(zip(names, combo))})
-    base = jax.random.PRNGKey(seed)
-    keys = jnp.stack([jax.random.fold_in(base, r["seed"]) for r in rows])
+    keys = seed_keys([r["seed"] for r in rows])
     arrays = {n: np.asarray([r[n] for r in rows]) for n in names}
     return Grid(keys=keys, values=arrays, rows=tuple(rows))
 

@@ -1,0 +1,147 @@
+"""JAX's persistent compilation cache for experiments, the CLI and notebooks, and a compile meter.
+
+A compiled XLA program is written to a cache folder and loaded, not recompiled, by the next
+process that builds the same program (same code, shapes, static configuration and JAX
+version). Traced hyperparameters (``fresh_rl.control.HyperParams`` and the LLM trainers'
+pytrees) are program *inputs*, so a grid that differs only in them compiles once, and a rerun
+of an experiment compiles nothing.
+
+Folder, in order of precedence: the ``directory`` argument; ``$FRESH_RL_COMPILATION_CACHE_DIR``;
+``$JAX_COMPILATION_CACHE_DIR`` (JAX's own variable, used by the test suite for a per-session
+folder); ``$XDG_CACHE_HOME/fresh_rl/xla`` (default ``~/.cache/fresh_rl/xla``). Off with
+``FRESH_RL_COMPILATION_CACHE=0`` or a script's ``--no-compilation-cache`` flag. Programs that
+compile in under ``min_compile_seconds`` (default 1 s, JAX's default) are not stored.
+
+:class:`CompileMeter` sums the seconds JAX spends tracing, lowering and compiling (or loading
+from the cache) in this process, from ``jax.monitoring`` events, so a script can report its
+compile time apart from its run time. When ``$FRESH_RL_COMPILE_REPORT`` names a file,
+:func:`enable_compilation_cache` starts a meter and writes its seconds there as JSON when the
+process exits (how ``experiments/quickstart.py`` reports each part's compile time).
+"""
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Optional
+
+import jax
+
+DIR_VARIABLE = "FRESH_RL_COMPILATION_CACHE_DIR"
+SWITCH_VARIABLE = "FRESH_RL_COMPILATION_CACHE"
+REPORT_VARIABLE = "FRESH_RL_COMPILE_REPORT"
+_OFF = ("0", "false", "off", "no")
+
+
+def default_directory() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "fresh_rl" / "xla"
+
+
+def cache_directory(directory=None) -> Optional[Path]:
+    """The folder :func:`enable_compilation_cache` would use, or ``None`` when switched off."""
+    if directory is None and os.environ.get(SWITCH_VARIABLE, "1").strip().lower() in _OFF:
+        return None
+    for candidate in (directory, os.environ.get(DIR_VARIABLE), os.environ.get("JAX_COMPILATION_CACHE_DIR")):
+        if candidate:
+            return Path(candidate).expanduser()
+    return default_directory()
+
+
+def enable_compilation_cache(directory=None, enabled: bool = True,
+                             min_compile_seconds: float = 1.0) -> Optional[Path]:
+    """Point JAX's persistent compilation cache at :func:`cache_directory`; returns the folder
+    (``None`` when disabled by ``enabled=False`` or the environment)."""
+    if os.environ.get(REPORT_VARIABLE):
+        _report_at_exit(Path(os.environ[REPORT_VARIABLE]))
+    folder = cache_directory(directory) if enabled else None
+    if folder is None:
+        jax.config.update("jax_enable_compilation_cache", False)
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_seconds))
+    return folder
+
+
+def add_compilation_cache_flag(parser: argparse.ArgumentParser) -> None:
+    """``--no-compilation-cache`` (and ``--compilation-cache-dir DIR``) for a script's parser;
+    pass the parsed namespace to :func:`enable_from_args`."""
+    parser.add_argument("--no-compilation-cache", action="store_true",
+                        help="compile everything afresh (default: JAX's persistent cache in "
+                             f"${DIR_VARIABLE} or {default_directory()})")
+    parser.add_argument("--compilation-cache-dir", default=None, metavar="DIR",
+                        help="persistent compilation cache folder (overrides the environment)")
+
+
+def enable_from_args(args: argparse.Namespace) -> Optional[Path]:
+    return enable_compilation_cache(getattr(args, "compilation_cache_dir", None),
+                                    enabled=not getattr(args, "no_compilation_cache", False))
+
+
+_COMPILE_EVENTS = {
+    "/jax/core/compile/jaxpr_trace_duration": "trace",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
+    "/jax/core/compile/backend_compile_duration": "compile",
+    "/jax/compilation_cache/cache_retrieval_time_sec": "cache_load",
+}
+
+
+class CompileMeter:
+    """Seconds spent tracing, lowering, compiling and loading cached programs since creation.
+
+    ``meter.seconds`` → ``{"trace", "lower", "compile", "cache_load"}``; ``meter.total``.
+    One process-wide listener feeds every meter (``jax.monitoring`` cannot unregister one).
+    """
+
+    _meters: list["CompileMeter"] = []
+    _lock = threading.Lock()
+    _installed = False
+
+    def __init__(self):
+        self.seconds = dict.fromkeys(_COMPILE_EVENTS.values(), 0.0)
+        with CompileMeter._lock:
+            if not CompileMeter._installed:
+                jax.monitoring.register_event_duration_secs_listener(CompileMeter._record)
+                CompileMeter._installed = True
+            CompileMeter._meters.append(self)
+
+    @staticmethod
+    def _record(event: str, duration: float, **_) -> None:
+        name = _COMPILE_EVENTS.get(event)
+        if name is not None:
+            for meter in CompileMeter._meters:
+                meter.seconds[name] += duration
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+    def close(self) -> None:
+        with CompileMeter._lock:
+            if self in CompileMeter._meters:
+                CompileMeter._meters.remove(self)
+
+
+_reporting: list[Path] = []
+
+
+def _report_at_exit(path: Path) -> None:
+    if path in _reporting:
+        return
+    _reporting.append(path)
+    meter = CompileMeter()
+
+    def write() -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"total": meter.total, **meter.seconds}) + "\n")
+
+    atexit.register(write)
+
+
+__all__ = ["CompileMeter", "DIR_VARIABLE", "REPORT_VARIABLE", "SWITCH_VARIABLE", "add_compilation_cache_flag",
+           "cache_directory", "default_directory", "enable_compilation_cache", "enable_from_args"]

@@ -1,0 +1,104 @@
+"""Where a result came from: commit, machine, command and wall time, and the one CSV writer.
+
+Every experiment and benchmark stamps its outputs through these helpers, so a results/
+README always names the exact command, the commit (with a ``+dirty`` mark when the working
+tree had uncommitted edits), the machine and the wall time.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterable, Mapping, Optional, Sequence
+
+REPOSITORY_ROOT = Path(__file__).resolve().parents[1]
+
+
+def git_commit(short: bool = True) -> str:
+    """HEAD of the source checkout, ``+dirty`` appended when tracked files differ from it;
+    ``"unknown"`` outside a git checkout (e.g. an installed wheel)."""
+    def git(*args: str) -> Optional[str]:
+        try:
+            out = subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPOSITORY_ROOT,
+                                 timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    head = git("rev-parse", *(["--short"] if short else []), "HEAD")
+    if not head:
+        return "unknown"
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return head + ("+dirty" if dirty else "")
+
+
+def machine_description() -> str:
+    """``"x86_64, 2 CPUs, Linux; jax 0.9.2 on 1 cpu device(s)"``."""
+    text = f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()}"
+    if "jax" in sys.modules:
+        import jax
+
+        devices = jax.devices()
+        text += f"; jax {jax.__version__} on {len(devices)} {devices[0].platform} device(s)"
+    return text
+
+
+def command_line(argv: Optional[Sequence[str]] = None) -> str:
+    """The command that is running, as a user would retype it from the repository root."""
+    argv = list(sys.argv if argv is None else argv)
+    script = Path(argv[0]) if argv else Path("python")
+    try:
+        script = script.resolve().relative_to(REPOSITORY_ROOT)
+    except ValueError:
+        pass
+    return " ".join(["python", str(script), *map(shlex.quote, argv[1:])])
+
+
+def provenance(command: Optional[str] = None, started: Optional[float] = None) -> dict:
+    """``{"command", "commit", "machine", "wall_seconds"}`` for a results README or JSON.
+
+    ``started`` is a ``time.perf_counter()`` reading taken when the run began (wall time
+    omitted without it); ``command`` defaults to :func:`command_line`.
+    """
+    info = {"command": command or command_line(), "commit": git_commit(),
+            "machine": machine_description()}
+    if started is not None:
+        info["wall_seconds"] = round(time.perf_counter() - started, 1)
+    return info
+
+
+def provenance_line(info: Mapping) -> str:
+    """One Markdown sentence naming the command, commit, machine and wall time of ``info``."""
+    text = f"Made by `{info['command']}` at commit {info['commit']} on {info['machine']}"
+    if "wall_seconds" in info:
+        text += f"; wall time {info['wall_seconds']:.0f} s"
+    return text + "."
+
+
+def write_csv(path, rows: Iterable[Mapping]) -> None:
+    """One row per mapping; the header is the union of the rows' keys in first-seen order
+    (missing cells empty). Written to a temporary file and renamed, so a reader never sees
+    half a table."""
+    rows = list(rows)
+    if not rows:
+        raise ValueError(f"write_csv({path}): no rows to write")
+    names: dict[str, None] = {}
+    for row in rows:
+        names.update(dict.fromkeys(row))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(names), restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(path)
+
+
+__all__ = ["REPOSITORY_ROOT", "command_line", "git_commit", "machine_description", "provenance",
+           "provenance_line", "write_csv"]

@@ -1,0 +1,82 @@
+"""fresh_rl.provenance (commit stamp, the one CSV writer) and fresh_rl.compilation_cache (a second
+process loads what the first compiled; the switch and the folder precedence; the compile meter)."""
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fresh_rl import compilation_cache, provenance
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_write_csv_takes_the_union_of_columns_in_first_seen_order(tmp_path):
+    path = tmp_path / "sub" / "table.csv"
+    provenance.write_csv(path, [{"a": 1, "b": 2}, {"b": 3, "c": 4}])
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows == [["a", "b", "c"], ["1", "2", ""], ["", "3", "4"]]
+    assert not list(tmp_path.rglob("*.tmp"))  # written through a renamed temporary file
+    with pytest.raises(ValueError, match="no rows"):
+        provenance.write_csv(path, [])
+
+
+def test_provenance_names_command_commit_machine_and_wall_time():
+    info = provenance.provenance(command="python experiments/x.py --scale ci", started=0.0)
+    assert info["command"] == "python experiments/x.py --scale ci"
+    assert re.fullmatch(r"[0-9a-f]{7,40}(\+dirty)?|unknown", info["commit"]), info["commit"]
+    assert "CPUs" in info["machine"] and info["wall_seconds"] > 0
+    line = provenance.provenance_line(info)
+    assert info["commit"] in line and "wall time" in line
+    assert provenance.command_line([str(ROOT / "experiments" / "x.py"), "--out", "a b"]) == \
+        "python experiments/x.py --out 'a b'"
+
+
+_CHILD = textwrap.dedent("""
+    import json, sys
+    from fresh_rl.compilation_cache import CompileMeter, enable_compilation_cache
+    folder = enable_compilation_cache(min_compile_seconds=0)
+    import jax, jax.numpy as jnp
+    meter = CompileMeter()
+    jax.jit(lambda x: jnp.tanh(x @ x.T).sum())(jnp.ones((48, 48))).block_until_ready()
+    print(json.dumps({"folder": str(folder), **meter.seconds}))
+""")
+
+
+def _child(env_extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION", "FRESH_RL_"))}
+    env.update(env_extra, PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_loads_the_program_the_first_compiled(tmp_path):
+    folder = tmp_path / "xla"
+    first = _child({compilation_cache.DIR_VARIABLE: str(folder)})
+    assert first["folder"] == str(folder) and first["cache_load"] == 0.0 and first["compile"] > 0
+    assert any(folder.iterdir())
+    second = _child({compilation_cache.DIR_VARIABLE: str(folder)})
+    assert second["cache_load"] > 0
+    off = _child({compilation_cache.DIR_VARIABLE: str(folder), compilation_cache.SWITCH_VARIABLE: "0"})
+    assert off["folder"] == "None" and off["cache_load"] == 0.0
+
+
+def test_cache_folder_precedence(monkeypatch, tmp_path):
+    for name in (compilation_cache.DIR_VARIABLE, compilation_cache.SWITCH_VARIABLE, "JAX_COMPILATION_CACHE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert compilation_cache.cache_directory() == tmp_path / "xdg" / "fresh_rl" / "xla"
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax"))
+    assert compilation_cache.cache_directory() == tmp_path / "jax"
+    monkeypatch.setenv(compilation_cache.DIR_VARIABLE, str(tmp_path / "ours"))
+    assert compilation_cache.cache_directory() == tmp_path / "ours"
+    assert compilation_cache.cache_directory(tmp_path / "arg") == tmp_path / "arg"
+    monkeypatch.setenv(compilation_cache.SWITCH_VARIABLE, "off")
+    assert compilation_cache.cache_directory() is None
