@@ -8,10 +8,15 @@ the HLO instructions of the optimised one. The persistent compilation cache is s
 (``JAX_COMPILATION_CACHE_DIR`` is dropped before JAX is imported) so every number is a cold
 compile. ``--parts`` adds the pieces of the PPO-clip program compiled on their own
 (``init_state``, one rollout, one batch of updates, one ``train_iteration``) to show where the
-ops are. Each invocation replaces its ``--label`` rows in the CSV and rewrites the table:
+ops are. Each invocation replaces its ``--label`` rows in the CSV and rewrites the table;
+``--revision REV`` measures the package as it was at git revision REV (``git archive`` into a
+temporary folder, measured in a child process that imports it), so before and after are
+measured by one script on one machine:
 
-    PYTHONPATH=/tmp/before .venv/bin/python benchmarks/compile_profile.py --label before
-    .venv/bin/python benchmarks/compile_profile.py --label after
+    python benchmarks/compile_profile.py --label before --revision 35d288e --repeats 3
+    python benchmarks/compile_profile.py --label after --repeats 3
+
+``results/bench/README.md`` says what dominated and what changed.
 """
 from __future__ import annotations
 
@@ -21,8 +26,12 @@ import functools
 import importlib
 import os
 import platform
+import json
 import re
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,8 +39,7 @@ os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
 
 import jax  # noqa: E402  (after the environment edit)
 
-from fresh_rl.provenance import git_commit, write_csv  # noqa: E402
-from fresh_rl.control import HyperParams, TrainConfig, init_state, train, train_iteration  # noqa: E402
+from fresh_rl.control import TrainConfig, init_state, train, train_iteration  # noqa: E402
 from fresh_rl.lag import DelayConfig  # noqa: E402
 
 jax.config.update("jax_enable_compilation_cache", False)
@@ -45,26 +53,6 @@ PROGRAMS = {
     "vaco_lag4": TrainConfig(**_BASE, method="vaco", delay=DelayConfig.fixed(4, 5)),
 }
 OUT = Path(__file__).resolve().parents[1] / "results" / "bench"
-FINDINGS = """**What dominated / what changed** (2-core CPU shared with other jobs: load average 3.0
-during `before`, 4.2 during `after`, so seconds vary by ±30 % and the before/after seconds are
-NOT comparable; op counts are exact). Compile time tracks the optimised HLO size (LLVM codegen of
-~600 fusions). The largest op family was inlined Threefry PRNG bodies (34 rolled `while` loops of
-~120 ops each), 17 of them in `init_state`: flax derives one key per parameter (fold_in chains)
-and draws one normal per Dense kernel. Changes (fresh_rl/control): `networks.init_params` builds
-the same orthogonal init (same gains, exactly orthogonal, same tree) from ONE normal draw and one
-batched QR per distinct kernel shape; the rollout makes all its keys with one split (lag draw +
-T × (groups + env) keys) instead of two splits per step; the update draws every epoch's shuffle
-as one `argsort(random.bits[epochs, units])` instead of a split plus a `permutation` per epoch;
-the batch-start forward pass runs once on `[obs; next_obs]`. Result: optimised HLO 11,211 →
-8,511 ops (−24 %), StableHLO 4,460 → 3,837, Threefry loops 34 → 18; steady-state run time
-unchanged (~0.1 s). Random streams change (init, actions, shuffles); the trainer tests compare
-runs with each other and pass. XLA flags (one-shot, same loaded machine):
-`--xla_backend_optimization_level=0` halved compile (18.8 → 9.2 s) but made a 16×128×50 run
-3.5× slower (1.45 → 5.1 s); level 1 saved ~20 % compile for +30 % run time; `xla_llvm_disable_
-expensive_passes`, `xla_cpu_use_fusion_emitters=false` and `xla_cpu_parallel_codegen_split_count=1`
-did not help. No flag default was added: the runtime cost is not small.
-`experiments/vaco_lag_sweep.py --scale ci` (2 programs): compile_s_total 60.1 s before,
-60.2 s after, wall 80 s / 77 s, under the same load caveat."""
 _OP = re.compile(r"^\s*(%\S+|ROOT \S+|\S+) = ", re.MULTILINE)
 
 
@@ -99,6 +87,8 @@ def _fmt(value) -> str:
 def _parts(config: TrainConfig) -> dict:
     """The pieces of one program as separate (fn, args), on concrete example inputs."""
     key = jax.random.PRNGKey(0)
+    from fresh_rl.control import HyperParams  # the revisions --parts can profile
+
     hparams = HyperParams.from_config(config)
     state = init_state(config, key, hparams)
     _, batch, _ = train_lib._rollout(config, state, key, hparams)
@@ -110,27 +100,62 @@ def _parts(config: TrainConfig) -> dict:
     }
 
 
+def measure(repeats: int, parts: bool) -> list[dict]:
+    """Profile rows of every program with the ``fresh_rl`` that is imported."""
+    programs = {name: (functools.partial(train, config), (jax.random.PRNGKey(0),))
+                for name, config in PROGRAMS.items()}
+    if parts:
+        programs.update(_parts(PROGRAMS["ppo_clip"]))
+    rows = []
+    for name, (fn, fn_args) in programs.items():
+        row = {"program": name, **profile(fn, fn_args, repeats)}
+        row["total_s"] = row["lower_s"] + row["compile_s"]
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def measure_revision(revision: str, repeats: int, parts: bool) -> list[dict]:
+    """:func:`measure` in a child process importing the package as it was at ``revision``."""
+    root = OUT.parents[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "archive", revision, "fresh_rl"], cwd=root, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+        child = subprocess.run([sys.executable, __file__, "--measure", "--repeats", str(repeats),
+                                *(["--parts"] if parts else [])], capture_output=True, text=True,
+                               env={**os.environ, "PYTHONPATH": tmp}, cwd=tmp)
+    if child.returncode:
+        raise SystemExit(f"measuring {revision} failed:\n{child.stderr[-3000:]}")
+    return [json.loads(line) for line in child.stdout.splitlines() if line.startswith("{")]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--label", required=True, help="row label, e.g. before / after")
+    parser.add_argument("--label", help="row label, e.g. before / after")
+    parser.add_argument("--revision", default=None, help="measure the package at this git revision")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--parts", action="store_true", help="also profile the pieces of the PPO-clip program")
+    parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)  # child mode
     args = parser.parse_args(argv)
+    if args.measure:
+        measure(args.repeats, args.parts)
+        return
+    if not args.label:
+        parser.error("--label is required")
+    from fresh_rl.provenance import git_commit, write_csv  # not in every revision --revision measures
 
     csv_path = OUT / "compile_profile.csv"
     rows = []
     if csv_path.exists():
         with open(csv_path, newline="") as f:
             rows = [r for r in csv.DictReader(f) if r["label"] != args.label]
-    programs = {name: (functools.partial(train, config), (jax.random.PRNGKey(0),))
-                for name, config in PROGRAMS.items()}
-    if args.parts:
-        programs.update(_parts(PROGRAMS["ppo_clip"]))
-    for name, (fn, fn_args) in programs.items():
-        row = {"label": args.label, "program": name, "commit": git_commit(), **profile(fn, fn_args, args.repeats)}
-        row["total_s"] = row["lower_s"] + row["compile_s"]
-        print(row)
-        rows.append(row)
+    if args.revision:
+        measured = measure_revision(args.revision, args.repeats, args.parts)
+        commit = subprocess.run(["git", "rev-parse", "--short", args.revision], cwd=OUT.parents[1],
+                                capture_output=True, text=True).stdout.strip()
+    else:
+        measured, commit = measure(args.repeats, args.parts), git_commit()
+    rows += [{"label": args.label, "commit": commit, **row} for row in measured]
     write_csv(csv_path, rows)
 
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, jax {jax.__version__} on {jax.default_backend()}"
@@ -148,7 +173,7 @@ def main(argv=None):
         lines.append(f"| {r['label']} | {r['commit']} | {r['program']} | {float(r['lower_s']):.2f} | "
                      f"{float(r['compile_s']):.2f} | {float(r['total_s']):.2f} | {_fmt(r.get('run_s'))} | {r['stablehlo_ops']} | "
                      f"{r['optimized_hlo_ops']} |")
-    lines += ["", FINDINGS]
+    lines += ["", "What dominated and what changed: results/bench/README.md."]
     (OUT / "compile_profile.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
