@@ -107,7 +107,7 @@ def main(argv=None):
               f"{r['compile_seconds']:.0f} s | {r['run_seconds']:.0f} s |" for r in rows]
     same_commit = [h for h in history if h["commit"] == commit]
     if len({h["run_id"] for h in same_commit}) > 1:
-        lines += ["", f"Every run recorded at this commit (`timings.csv`; seconds: wall / compiling / running):", "",
+        lines += ["", "Every run recorded at this commit (`timings.csv`; seconds: wall / compiling / running):", "",
                   "| run | cache | " + " | ".join(p[0] for p in PARTS) + " |",
                   "|---|---|" + "---|" * len(PARTS)]
         for run in dict.fromkeys(h["run_id"] for h in same_commit):

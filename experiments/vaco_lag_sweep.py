@@ -33,10 +33,7 @@ from __future__ import annotations
 
 import argparse
 import csv
-import dataclasses
 import json
-import platform
-import subprocess
 import time
 from pathlib import Path
 from typing import Optional
@@ -44,169 +41,37 @@ from typing import Optional
 import jax
 import numpy as np
 
-from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
-from fresh_rl.control import HyperParams, TrainConfig, train
-from fresh_rl.corrections import AdaptiveKLConfig
-from fresh_rl.eval import AGGREGATE_METRICS, aggregate_intervals, seed_interval
-from fresh_rl.lag import DelayConfig
-from fresh_rl.sweep import Grid, product_grid, run_sharded, to_host
+from fresh_rl.compilation_cache import CompileMeter, add_compilation_cache_flag, enable_from_args
+from fresh_rl.control import TrainConfig, train
+from fresh_rl.control.presets import (ABLATIONS, KEY_SCHEDULE, PAPER_DELTA, VACO_SCALES, Scale, saved_run_matches,
+                                      study_variants, variant_config, variant_grid)
+from fresh_rl.eval import AGGREGATE_METRICS, aggregate_intervals, final_score, initial_score, seed_interval
+from fresh_rl.provenance import REPOSITORY_ROOT, provenance
+from fresh_rl.sweep import run_sharded, to_host
 
-RESULTS = Path(__file__).resolve().parents[1] / "results" / "vaco"
-
-MAIN_METHODS = ("ppo_clip", "ppo_kl", "spo", "impala", "vaco")
-# ablation variants: name → (method, TrainConfig overrides)
-ABLATIONS = {
-    "vaco_align_only": ("vaco_align_only", {}),
-    "vaco_filter_only": ("vaco_filter_only", {}),
-    "vaco_standardized": ("vaco", {"advantage_normalization": "standardize"}),
-}
-DELTAS = (0.05, 0.1, 0.2, 0.4)
-PAPER_DELTA = 0.2
-# Saved runs record the seed → key schedule they used; 2 = fresh_rl.sweep.keys (seed_key(s),
-# fold-in step keys). Runs without it (the older split-based keys) are recomputed.
-KEY_SCHEDULE = 2
-
-
-@dataclasses.dataclass(frozen=True)
-class Task:
-    """One environment with its training settings (shared by every method)."""
-
-    name: str
-    overrides: tuple  # TrainConfig fields as (key, value) pairs, hashable
-    ablations: bool = True  # run the ablation variants and the δ sweep on this task
-
-
-@dataclasses.dataclass(frozen=True)
-class Scale:
-    tasks: tuple[Task, ...]
-    lags: tuple[int, ...]
-    num_seeds: int
-    methods: tuple[str, ...] = MAIN_METHODS
-    ablations: tuple[str, ...] = tuple(ABLATIONS)
-    deltas: tuple[float, ...] = DELTAS
-
-
-def _task(name, ablations=True, **overrides):
-    return Task(name, tuple(sorted(overrides.items())), ablations)
-
-
-_GYMNAX_DISCRETE = dict(num_envs=16, rollout_length=64, num_epochs=4, num_minibatches=4,
-                        learning_rate=1e-3, normalize_obs=True, hidden_sizes=(64, 64))
-_BRAX = dict(num_envs=32, rollout_length=32, num_epochs=4, num_minibatches=4, learning_rate=3e-4,
-             normalize_obs=True, hidden_sizes=(64, 64), entropy_coef=0.0, brax_backend="spring")
-_BRAX_PAPER = dict(num_envs=2048, rollout_length=10, num_epochs=4, num_minibatches=32, learning_rate=3e-4,
-                   normalize_obs=True, hidden_sizes=(256, 256), entropy_coef=1e-3,
-                   brax_backend="generalized", total_env_steps=100_000_000)
-
-SCALES = {
-    "ci": Scale(
-        tasks=(_task("CartPole-v1", total_env_steps=16 * 64 * 24, **_GYMNAX_DISCRETE),),
-        lags=(0, 4), num_seeds=2, methods=("ppo_clip", "vaco"), ablations=(), deltas=(PAPER_DELTA,),
-    ),
-    "quick": Scale(  # the quickstart's VACO part: two gymnax tasks, three methods, ~5 min
-        tasks=(_task("CartPole-v1", total_env_steps=50_176, **_GYMNAX_DISCRETE),
-               _task("Acrobot-v1", total_env_steps=50_176, **_GYMNAX_DISCRETE)),
-        lags=(0, 4), num_seeds=3, methods=("ppo_clip", "ppo_kl", "vaco"), ablations=(), deltas=(PAPER_DELTA,),
-    ),
-    "cpu": Scale(
-        tasks=(
-            _task("CartPole-v1", total_env_steps=100_000, **_GYMNAX_DISCRETE),
-            _task("Acrobot-v1", total_env_steps=100_000, **_GYMNAX_DISCRETE),
-            _task("Pendulum-v1", total_env_steps=200_000, **{**_GYMNAX_DISCRETE, "learning_rate": 3e-4,
-                                                             "entropy_coef": 0.0, "gamma": 0.95}),
-            _task("brax/inverted_pendulum", ablations=False, total_env_steps=150_528, **_BRAX),
-            _task("brax/inverted_double_pendulum", ablations=False, total_env_steps=150_528, **_BRAX),
-        ),
-        lags=(0, 4, 8), num_seeds=5,
-    ),
-    "paper": Scale(
-        tasks=tuple(_task(f"brax/{n}", **_BRAX_PAPER)
-                    for n in ("ant", "halfcheetah", "hopper", "walker2d", "humanoid")),
-        lags=(0, 4, 8), num_seeds=5,
-    ),
-}
-
-
-def variant_config(task: Task, method: str, overrides: dict, ring_size: int) -> TrainConfig:
-    """The static config of one (task, variant); the lag itself is a traced HyperParams leaf."""
-    extra = {}
-    if method == "ppo_kl":
-        # Our choice: adaptive β (PPO §4) with d_targ = 0.01 from β₀ = 1; the paper ran fixed β's.
-        extra["kl_adaptive"] = AdaptiveKLConfig(target=0.01)
-    return TrainConfig(env_name=task.name, method=method, delay=DelayConfig.fixed(0, ring_size),
-                       **dict(task.overrides), **extra, **overrides)
-
-
-def variant_grid(config: TrainConfig, lags, deltas, num_seeds: int, seed: int) -> tuple[Grid, HyperParams]:
-    """Seeds ``seed … seed + S − 1`` × lags × δ (``product_grid``: δ inside lag, seed fastest,
-    so row-major ``[L, D, S]``) and the stacked :class:`HyperParams` of its points."""
-    grid = product_grid(num_seeds, seed=seed, lag=list(lags), vaco_delta=list(deltas))
-    return grid, HyperParams.from_grid(config, grid.values)
-
-
-_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
-                   "/jax/core/compile/backend_compile_duration")
-_compile_seconds = [0.0]
-
-
-def _count_compile(event: str, duration: float, **_) -> None:
-    if event in _COMPILE_EVENTS:
-        _compile_seconds[0] += duration
-
-
-jax.monitoring.register_event_duration_secs_listener(_count_compile)
-
+RESULTS = REPOSITORY_ROOT / "results" / "vaco"
 
 def run_variant(config: TrainConfig, lags, deltas, num_seeds: int, seed: int) -> dict:
     """All seeds × lags × deltas of one config in one compiled program sharded over all devices.
 
     Returns numpy metrics shaped ``[lags, deltas, seeds, iterations]`` plus timing: compile_s
-    sums JAX's trace, lowering and XLA compile events of the call, run_s is the rest."""
+    sums JAX's trace, lowering, XLA compile and cache-load seconds of the call
+    (:class:`fresh_rl.compilation_cache.CompileMeter`), run_s is the rest."""
     L, D, S = len(lags), len(deltas), num_seeds
     grid, hparams = variant_grid(config, lags, deltas, num_seeds, seed)
     hparams.validate(config)
     fn = lambda key, hp: train(config, key, hp).metrics  # noqa: E731
-    compiled_before = _compile_seconds[0]
+    meter = CompileMeter()
     start = time.perf_counter()
     out = to_host(jax.block_until_ready(run_sharded(fn, grid.keys, hparams)))
     total_s = time.perf_counter() - start
-    compile_s = _compile_seconds[0] - compiled_before
+    compile_s = meter.total
+    meter.close()
     keep = ("episode_return", "episodes_completed", "lag/version_gap_mean", "lag/tv", "lag/ess",
             "loss/tv", "loss/filter_on", "loss/mask_fraction", "loss/clip_fraction", "loss/entropy")
     metrics = {k: v.reshape(L, D, S, -1) for k, v in out.items() if k in keep}
     return {"metrics": metrics, "compile_s": compile_s, "run_s": total_s - compile_s,
             "env_steps": L * D * S * config.num_iterations * config.batch_size}
-
-
-def final_score(returns: np.ndarray) -> np.ndarray:
-    """Mean over the last 10% of iterations (at least one); NaN for a diverged run."""
-    n = max(1, returns.shape[-1] // 10)
-    return returns[..., -n:].mean(axis=-1)
-
-
-def initial_score(returns: np.ndarray, episodes_completed: np.ndarray) -> np.ndarray:
-    """Mean return of the first iteration in which a run completed an episode (the untrained
-    policy; iterations before it carry the placeholder 0)."""
-    first = np.argmax(np.cumsum(episodes_completed, axis=-1) > 0, axis=-1)
-    return np.take_along_axis(returns, first[..., None], axis=-1)[..., 0]
-
-
-def _variants(scale: Scale, task: Task):
-    for method in scale.methods:
-        deltas = scale.deltas if method == "vaco" and task.ablations else (PAPER_DELTA,)
-        yield method, method, {}, deltas
-    if task.ablations:
-        for name in scale.ablations:
-            method, overrides = ABLATIONS[name]
-            yield name, method, overrides, (PAPER_DELTA,)
-
-
-def saved_run_matches(data: dict, config: TrainConfig, seed: int, lags, deltas, num_seeds: int) -> bool:
-    """Whether a loaded ``.npz`` holds exactly this variant's grid under the current key schedule."""
-    return (data.get("key_schedule", np.array(1)).item() == KEY_SCHEDULE
-            and data["config"].item() == repr(config) and data["seed"].item() == seed
-            and tuple(data["lags"]) == tuple(lags) and tuple(data["deltas"]) == tuple(deltas)
-            and data["episode_return"].shape[2] == num_seeds)
 
 
 def run_all(scale: Scale, out_dir: Path, seed: int, fresh: bool, log=print) -> dict:
@@ -216,7 +81,7 @@ def run_all(scale: Scale, out_dir: Path, seed: int, fresh: bool, log=print) -> d
     ring = max(scale.lags) + 1
     results = {}
     for task in scale.tasks:
-        for variant, method, overrides, deltas in _variants(scale, task):
+        for variant, method, overrides, deltas in study_variants(scale, task):
             path = runs_dir / f"{task.name.replace('/', '_')}__{variant}.npz"
             config = variant_config(task, method, overrides, ring)
             if path.exists() and not fresh:
@@ -485,7 +350,7 @@ def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, head
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--scale", choices=tuple(SCALES), default="ci")
+    parser.add_argument("--scale", choices=tuple(VACO_SCALES), default="ci")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bootstrap-reps", type=int, default=2000)
@@ -493,19 +358,12 @@ def main(argv=None):
     add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
     enable_from_args(args)
-    scale = SCALES[args.scale]
+    scale = VACO_SCALES[args.scale]
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     results = run_all(scale, args.out, args.seed, args.fresh)
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        commit = "unknown"
     header = {
-        "command": f"python experiments/vaco_lag_sweep.py --scale {args.scale} --seed {args.seed}",
-        "commit": commit, "machine": f"{platform.machine()} {platform.processor()} "
-        f"{jax.device_count()}×{jax.devices()[0].platform}", "jax": jax.__version__,
+        **provenance(command=f"python experiments/vaco_lag_sweep.py --scale {args.scale} --seed {args.seed}"),
         "wall_time_s_this_invocation": round(time.perf_counter() - start, 1),
         "compile_s_total": round(float(sum(float(d["compile_s"]) for d in results.values())), 1),
         "run_s_total": round(float(sum(float(d["run_s"]) for d in results.values())), 1),

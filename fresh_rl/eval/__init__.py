@@ -1,4 +1,4 @@
-"""Aggregate statistics over seeds and tasks (rliable-style) and the plots built on them."""
+"""Scores of learning curves and aggregate statistics over seeds and tasks (rliable-style)."""
 from fresh_rl.eval.aggregates import (
     AGGREGATE_METRICS,
     aggregate_intervals,
@@ -7,10 +7,13 @@ from fresh_rl.eval.aggregates import (
     optimality_gap,
     seed_interval,
 )
+from fresh_rl.eval.scores import final_score, initial_score
 
 __all__ = [
     "AGGREGATE_METRICS",
     "aggregate_intervals",
+    "final_score",
+    "initial_score",
     "iqm",
     "normalize_scores",
     "optimality_gap",

@@ -1,0 +1,130 @@
+"""The VACO study's settings: tasks, scales, method variants and their static configs.
+
+``experiments/vaco_lag_sweep.py`` runs these (VACO, arXiv 2603.01365; docs/vaco.md): each
+(task, variant) is one static :class:`~fresh_rl.control.train.TrainConfig`, and its seeds × lags
+× δ grid (:func:`variant_grid`, built by :func:`fresh_rl.sweep.product_grid`, the same grid and
+keys as ``fresh-rl sweep``) is one compiled program over traced :class:`HyperParams`.
+Scales: ``ci`` (the tests), ``quick`` (the quickstart), ``cpu`` (the committed results),
+``paper`` (Brax MuJoCo tasks at 100M steps, for accelerators).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from fresh_rl.control.hyperparams import HyperParams
+from fresh_rl.control.train import TrainConfig
+from fresh_rl.corrections import AdaptiveKLConfig
+from fresh_rl.lag import DelayConfig
+from fresh_rl.sweep import Grid, product_grid
+
+MAIN_METHODS = ("ppo_clip", "ppo_kl", "spo", "impala", "vaco")
+# ablation variants: name → (method, TrainConfig overrides)
+ABLATIONS = {
+    "vaco_align_only": ("vaco_align_only", {}),
+    "vaco_filter_only": ("vaco_filter_only", {}),
+    "vaco_standardized": ("vaco", {"advantage_normalization": "standardize"}),
+}
+DELTAS = (0.05, 0.1, 0.2, 0.4)
+PAPER_DELTA = 0.2
+# Saved runs record the seed → key schedule they used; 2 = fresh_rl.sweep.keys (seed_key(s),
+# fold-in step keys). Runs without it (the older split-based keys) are recomputed.
+KEY_SCHEDULE = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """One environment with its training settings (shared by every method)."""
+
+    name: str
+    overrides: tuple  # TrainConfig fields as (key, value) pairs, hashable
+    ablations: bool = True  # run the ablation variants and the δ sweep on this task
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    tasks: tuple[Task, ...]
+    lags: tuple[int, ...]
+    num_seeds: int
+    methods: tuple[str, ...] = MAIN_METHODS
+    ablations: tuple[str, ...] = tuple(ABLATIONS)
+    deltas: tuple[float, ...] = DELTAS
+
+
+def _task(name, ablations=True, **overrides):
+    return Task(name, tuple(sorted(overrides.items())), ablations)
+
+
+_GYMNAX_DISCRETE = dict(num_envs=16, rollout_length=64, num_epochs=4, num_minibatches=4,
+                        learning_rate=1e-3, normalize_obs=True, hidden_sizes=(64, 64))
+_BRAX = dict(num_envs=32, rollout_length=32, num_epochs=4, num_minibatches=4, learning_rate=3e-4,
+             normalize_obs=True, hidden_sizes=(64, 64), entropy_coef=0.0, brax_backend="spring")
+_BRAX_PAPER = dict(num_envs=2048, rollout_length=10, num_epochs=4, num_minibatches=32, learning_rate=3e-4,
+                   normalize_obs=True, hidden_sizes=(256, 256), entropy_coef=1e-3,
+                   brax_backend="generalized", total_env_steps=100_000_000)
+
+VACO_SCALES = {
+    "ci": Scale(
+        tasks=(_task("CartPole-v1", total_env_steps=16 * 64 * 24, **_GYMNAX_DISCRETE),),
+        lags=(0, 4), num_seeds=2, methods=("ppo_clip", "vaco"), ablations=(), deltas=(PAPER_DELTA,),
+    ),
+    "quick": Scale(  # the quickstart's VACO part: two gymnax tasks, three methods, ~5 min
+        tasks=(_task("CartPole-v1", total_env_steps=50_176, **_GYMNAX_DISCRETE),
+               _task("Acrobot-v1", total_env_steps=50_176, **_GYMNAX_DISCRETE)),
+        lags=(0, 4), num_seeds=3, methods=("ppo_clip", "ppo_kl", "vaco"), ablations=(), deltas=(PAPER_DELTA,),
+    ),
+    "cpu": Scale(
+        tasks=(
+            _task("CartPole-v1", total_env_steps=100_000, **_GYMNAX_DISCRETE),
+            _task("Acrobot-v1", total_env_steps=100_000, **_GYMNAX_DISCRETE),
+            _task("Pendulum-v1", total_env_steps=200_000, **{**_GYMNAX_DISCRETE, "learning_rate": 3e-4,
+                                                             "entropy_coef": 0.0, "gamma": 0.95}),
+            _task("brax/inverted_pendulum", ablations=False, total_env_steps=150_528, **_BRAX),
+            _task("brax/inverted_double_pendulum", ablations=False, total_env_steps=150_528, **_BRAX),
+        ),
+        lags=(0, 4, 8), num_seeds=5,
+    ),
+    "paper": Scale(
+        tasks=tuple(_task(f"brax/{n}", **_BRAX_PAPER)
+                    for n in ("ant", "halfcheetah", "hopper", "walker2d", "humanoid")),
+        lags=(0, 4, 8), num_seeds=5,
+    ),
+}
+
+
+def variant_config(task: Task, method: str, overrides: dict, ring_size: int) -> TrainConfig:
+    """The static config of one (task, variant); the lag itself is a traced HyperParams leaf."""
+    extra = {}
+    if method == "ppo_kl":
+        # Our choice: adaptive β (PPO §4) with d_targ = 0.01 from β₀ = 1; the paper ran fixed β's.
+        extra["kl_adaptive"] = AdaptiveKLConfig(target=0.01)
+    return TrainConfig(env_name=task.name, method=method, delay=DelayConfig.fixed(0, ring_size),
+                       **dict(task.overrides), **extra, **overrides)
+
+
+def variant_grid(config: TrainConfig, lags, deltas, num_seeds: int, seed: int) -> tuple[Grid, HyperParams]:
+    """Seeds ``seed … seed + S − 1`` × lags × δ (``product_grid``: δ inside lag, seed fastest,
+    so row-major ``[L, D, S]``) and the stacked :class:`HyperParams` of its points."""
+    grid = product_grid(num_seeds, seed=seed, lag=list(lags), vaco_delta=list(deltas))
+    return grid, HyperParams.from_grid(config, grid.values)
+
+
+def study_variants(scale: Scale, task: Task):
+    """``(variant name, method, TrainConfig overrides, δ values)`` of every variant run on ``task``:
+    the scale's methods (VACO with the δ sweep on ablation tasks) and the ablations."""
+    for method in scale.methods:
+        deltas = scale.deltas if method == "vaco" and task.ablations else (PAPER_DELTA,)
+        yield method, method, {}, deltas
+    if task.ablations:
+        for name in scale.ablations:
+            method, overrides = ABLATIONS[name]
+            yield name, method, overrides, (PAPER_DELTA,)
+
+
+def saved_run_matches(data: dict, config: TrainConfig, seed: int, lags, deltas, num_seeds: int) -> bool:
+    """Whether a loaded ``.npz`` holds exactly this variant's grid under the current key schedule."""
+    return (data.get("key_schedule", np.array(1)).item() == KEY_SCHEDULE
+            and data["config"].item() == repr(config) and data["seed"].item() == seed
+            and tuple(data["lags"]) == tuple(lags) and tuple(data["deltas"]) == tuple(deltas)
+            and data["episode_return"].shape[2] == num_seeds)
