@@ -77,8 +77,12 @@ def main(argv=None):
     parser.add_argument("--only", choices=[p[0] for p in PARTS], action="append",
                         help="run only these parts (repeatable)")
     parser.add_argument("--fresh", action="store_true", help="delete each part's outputs first (recompute)")
+    parser.add_argument("--readme-only", action="store_true", help="only rewrite README.md from timings.csv")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.readme_only:
+        print(render_readme(args.out))
+        return
     cache = cache_directory()
     cache_state = "off" if cache is None else ("warm" if cache.exists() and any(cache.iterdir()) else "empty")
     commit = git_commit()
@@ -89,23 +93,32 @@ def main(argv=None):
             continue
         print(f"\n=== {title}", flush=True)
         row = run_part(name, command, args.out / name, args.fresh)
-        rows.append({"run_id": run_id, "commit": commit, "cache": cache_state, **row,
-                     "title": title, "command": " ".join(["python", *command, "--out", f"results/quickstart/{name}"])})
+        rows.append({"run_id": run_id, "commit": commit, "cache": cache_state, **row})
     timings_path = args.out / "timings.csv"
-    history = read_timings(timings_path) + [{k: r[k] for k in TIMING_FIELDS} for r in rows]
-    write_csv(timings_path, history)
+    write_csv(timings_path, read_timings(timings_path) + [{k: r[k] for k in TIMING_FIELDS} for r in rows])
+    print(render_readme(args.out))
 
-    total = sum(r["wall_seconds"] for r in rows)
+
+def render_readme(out: Path) -> str:
+    """``out/README.md`` from ``out/timings.csv``: the latest run's parts, then every run recorded
+    at the same commit (a ``+dirty`` mark ignored: the run itself rewrites tracked outputs)."""
+    history = read_timings(out / "timings.csv")
+    latest = [h for h in history if h["run_id"] == history[-1]["run_id"]]
+    commit = latest[0]["commit"].removesuffix("+dirty")
+    parts = {name: (title, " ".join(["python", *command, "--out", f"results/quickstart/{name}"]))
+             for name, title, command in PARTS}
+    total = sum(float(r["wall_seconds"]) for r in latest)
     lines = ["# Quickstart: the three papers' headline comparisons at small scale", "",
-             f"Made by `python experiments/quickstart.py{' --fresh' if args.fresh else ''}` at commit "
-             f"{commit} on {machine_description()}; total wall time {total:.0f} s "
-             f"(compilation cache: {cache_state}{'' if cache is None else f', {cache}'}). Each part's folder "
+             f"Made by `python experiments/quickstart.py` at commit {commit} on {machine_description()}; "
+             f"total wall time {total:.0f} s (compilation cache: {latest[0]['cache']}). Each part's folder "
              "holds its figures, CSVs and summary; the committed full-scale results are in results/freshper, "
-             "results/vaco and results/old_logits.", "",
+             "results/vaco and results/old_logits. Compiling = tracing, lowering, XLA compilation and "
+             "loading programs from the persistent cache (`fresh_rl.compilation_cache.CompileMeter`).", "",
              "| part | what | command | wall time | compiling | running |", "|---|---|---|---|---|---|"]
-    lines += [f"| `{r['part']}/` | {r['title']} | `{r['command']}` | {r['wall_seconds']:.0f} s | "
-              f"{r['compile_seconds']:.0f} s | {r['run_seconds']:.0f} s |" for r in rows]
-    same_commit = [h for h in history if h["commit"] == commit]
+    lines += [f"| `{r['part']}/` | {parts[r['part']][0]} | `{parts[r['part']][1]}` | "
+              f"{float(r['wall_seconds']):.0f} s | {float(r['compile_seconds']):.0f} s | "
+              f"{float(r['run_seconds']):.0f} s |" for r in latest]
+    same_commit = [h for h in history if h["commit"].removesuffix("+dirty") == commit]
     if len({h["run_id"] for h in same_commit}) > 1:
         lines += ["", "Every run recorded at this commit (`timings.csv`; seconds: wall / compiling / running):", "",
                   "| run | cache | " + " | ".join(p[0] for p in PARTS) + " |",
@@ -116,8 +129,9 @@ def main(argv=None):
             lines.append(f"| {run} | {cache_cell} | " + " | ".join(
                 f"{float(cells[p[0]]['wall_seconds']):.0f} / {float(cells[p[0]]['compile_seconds']):.0f} / "
                 f"{float(cells[p[0]]['run_seconds']):.0f}" if p[0] in cells else "—" for p in PARTS) + " |")
-    (args.out / "README.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    text = "\n".join(lines) + "\n"
+    (out / "README.md").write_text(text)
+    return text
 
 
 if __name__ == "__main__":
