@@ -22,11 +22,15 @@ import jax
 import jax.numpy as jnp
 
 
+def _check_seed(seed, name: str) -> int:
+    if isinstance(seed, bool) or not hasattr(seed, "__index__") or not 0 <= int(seed) < 2**31:
+        raise ValueError(f"{name} must be an integer in [0, 2**31), got {seed!r}")
+    return int(seed)
+
+
 def seed_key(seed: int) -> jax.Array:
     """The run key of integer seed ``seed``: ``jax.random.PRNGKey(seed)`` (uint32 ``[2]``)."""
-    if isinstance(seed, bool) or not hasattr(seed, "__index__") or not 0 <= int(seed) < 2**31:
-        raise ValueError(f"seed must be an integer in [0, 2**31), got {seed!r}")
-    return jax.random.PRNGKey(int(seed))
+    return jax.random.PRNGKey(_check_seed(seed, "seed"))
 
 
 def seed_keys(seeds: Sequence[int]) -> jax.Array:
@@ -34,10 +38,8 @@ def seed_keys(seeds: Sequence[int]) -> jax.Array:
     seeds = list(seeds)
     if not seeds:
         raise ValueError("seeds must name at least one seed")
-    for s in seeds:
-        if isinstance(s, bool) or not hasattr(s, "__index__") or not 0 <= int(s) < 2**31:
-            raise ValueError(f"seeds must be integers in [0, 2**31), got {s!r}")
-    return jax.vmap(jax.random.PRNGKey)(jnp.asarray([int(s) for s in seeds], jnp.int32))
+    checked = [_check_seed(s, "every entry of seeds") for s in seeds]
+    return jax.vmap(jax.random.PRNGKey)(jnp.asarray(checked, jnp.int32))
 
 
 def _map_keys(fn, keys, *args):
