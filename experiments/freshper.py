@@ -43,6 +43,7 @@ from fresh_rl.llm.presets import FRESHPER_SCALES as SCALES
 from fresh_rl.llm.presets import RESULTS, SYNC, TASKS, FreshPERScale, load_params
 from fresh_rl.provenance import provenance, write_csv
 from fresh_rl.sweep.checkpoint import RunCheckpointer
+from fresh_rl.sweep.integrity import tree_checksum
 
 Scale = FreshPERScale
 # npz runs written before the metric renames load under the current names
@@ -59,7 +60,7 @@ def run_method(scale: Scale, task: str, method: str, replay_config, params, mode
         state = rt.set_initial_tau(rt.init_state(scale.rl, SYNC, replay_config, params, env),
                                    replay_config, scale.rl.batch_size, [tau for tau, _ in rows])
     checkpointer = RunCheckpointer(os.path.join(out, "checkpoints", f"{task}_{method}"),
-                                   fingerprint=repr((scale, task, method)))
+                                   fingerprint=repr((scale, task, method, tree_checksum(params))))
     start = time.time()
     state, history = rt.train_loop(
         scale.rl, SYNC, replay_config, [seed for _, seed in rows], scale.iterations,

@@ -47,6 +47,7 @@ from fresh_rl.llm.presets import OLD_LOGITS_SCALES as SCALES
 from fresh_rl.llm.presets import RESULTS, OldLogitsScale, load_params
 from fresh_rl.provenance import provenance, write_csv
 from fresh_rl.sweep.checkpoint import RunCheckpointer
+from fresh_rl.sweep.integrity import tree_checksum
 from fresh_rl.sweep.keys import seed_key, split_run_key, step_key
 
 Scale = OldLogitsScale
@@ -68,7 +69,7 @@ def run_one(scale: Scale, route: str, window: int, partial: bool, seed: int, ite
     async_config = scale.async_config(route, partial)
     name = run_name(route, window, partial, seed)
     checkpointer = RunCheckpointer(os.path.join(out, "checkpoints", name),
-                                   fingerprint=repr((scale, name, iterations)))
+                                   fingerprint=repr((scale, name, iterations, tree_checksum(params))))
     state, history = ap.train_loop(scale.rl, async_config, seed, iterations,
                                    params=params, env=scale.env, model_config=model_config,
                                    window=window, checkpointer=checkpointer, checkpoint_every=4)

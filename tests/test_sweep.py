@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from fresh_rl.control.train import TrainConfig, init_state, train, train_iteration
 from fresh_rl.lag import DelayConfig
-from fresh_rl.sweep import (CheckpointError, RunCheckpointer, product_grid, run_loop, seed_key, seed_keys,
-                            split_run_key, step_key, step_keys)
+from fresh_rl.sweep import (CheckpointError, RunCheckpointer, RunIdentityError, product_grid, run_loop, seed_key,
+                            seed_keys, split_run_key, step_key, step_keys)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = TrainConfig(env_name="CartPole-v1", num_envs=4, rollout_length=8, total_env_steps=4 * 8 * 6,
@@ -244,23 +244,44 @@ def test_sigkill_mid_training_then_resume_is_bit_identical(tmp_path, uninterrupt
         np.testing.assert_array_equal(metrics[name], ref_metrics[name], err_msg=name)
 
 
-def test_corrupt_or_foreign_checkpoint_fails_clearly_and_keeps_the_previous(tmp_path, uninterrupted):
+def _flip_bytes_in_largest_file(step_dir: Path, count: int = 64) -> Path:
+    largest = max((f for f in step_dir.rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+    data = bytearray(largest.read_bytes())
+    middle = len(data) // 2
+    for i in range(middle, min(middle + count, len(data))):
+        data[i] ^= 0xFF
+    largest.write_bytes(bytes(data))
+    return largest
+
+
+@pytest.mark.parametrize("damage", ["flip_bytes", "garbage"])
+def test_corrupt_checkpoint_is_detected_skipped_and_kept_aside(tmp_path, uninterrupted, damage):
     _resumable(tmp_path, every=2)
     checkpointer = RunCheckpointer(tmp_path, repr(CONFIG))
     assert checkpointer.steps() == [4, 6]  # max_to_keep = 2
     state, metrics = uninterrupted
     abstract = jax.eval_shape(lambda: {"state": state, "history": metrics})
-    with pytest.raises(CheckpointError, match="another configuration"):
+    with pytest.raises(RunIdentityError, match="another configuration or seed"):
         RunCheckpointer(tmp_path, "a different config").restore_latest(abstract)
-    for f in (tmp_path / "6" / "run").rglob("*"):  # corrupt the newest checkpoint
-        if f.is_file():
-            f.write_bytes(b"garbage")
+    if damage == "flip_bytes":  # the byte-flip of the issue: 64 bytes XORed in the largest file
+        _flip_bytes_in_largest_file(tmp_path / "6")
+    else:
+        for f in (tmp_path / "6" / "run").rglob("*"):
+            if f.is_file():
+                f.write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match=str(tmp_path / "6")):
-        checkpointer.restore_latest(abstract)
-    assert checkpointer.steps() == [4, 6]  # nothing deleted
-    step, tree = checkpointer.restore_latest(abstract, fallback=True)
-    assert step == 4
+        checkpointer.restore_latest(abstract, fallback=False)
+    assert checkpointer.steps() == [4, 6]  # nothing moved or deleted
+    with pytest.warns(UserWarning, match=rf"{tmp_path / '6'}.*\n.*moved to .*6\.corrupt"):
+        step, tree = checkpointer.restore_latest(abstract)
+    assert step == 4 and (tmp_path / "6.corrupt").is_dir()
     np.testing.assert_array_equal(tree["history"]["episode_return"][:4], metrics["episode_return"][:4])
+    # the run resumes from step 4 and ends where an uninterrupted run ends
+    resumed_state, resumed = _resumable(tmp_path, every=2)
+    for name in set(metrics) - {"wall_seconds"}:
+        np.testing.assert_array_equal(resumed[name], metrics[name], err_msg=name)
+    assert RunCheckpointer(tmp_path, repr(CONFIG)).steps() == [4, 6]
     wrong = jax.eval_shape(lambda: {"state": state.params, "history": metrics})
-    with pytest.raises(CheckpointError, match="does not match"):
+    with pytest.raises(CheckpointError, match="no usable checkpoint"):
         RunCheckpointer(tmp_path, repr(CONFIG)).restore_latest(wrong)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name[0].isdigit()) == ["4", "6", "6.corrupt"]

@@ -6,19 +6,29 @@
   sharded over a ``("grid",)`` mesh, chunked), :func:`to_host`, :func:`initialize_distributed`.
 * :mod:`.loop` — :func:`run_loop`, the host loop of every trainer (chunked scans or per-step
   calls, seed axis over the devices, checkpoint/resume).
-* :mod:`.checkpoint` — :class:`RunCheckpointer` (orbax) and :func:`progress_printer`.
+* :mod:`.checkpoint` — :class:`RunCheckpointer` (orbax, verified by checksum) and
+  :func:`progress_printer`.
+* :mod:`.integrity` — content checksums and the non-finite guard (:class:`NonFiniteError`).
+* :mod:`.lock` — :func:`output_lock`, one writer per output folder.
 """
-from fresh_rl.sweep.checkpoint import CheckpointError, RunCheckpointer, progress_printer
+from fresh_rl.sweep.checkpoint import CheckpointError, RunCheckpointer, RunIdentityError, progress_printer
 from fresh_rl.sweep.grid import Grid, grid_mesh, initialize_distributed, product_grid, run_sharded, to_host
+from fresh_rl.sweep.integrity import NonFiniteError, nonfinite_cells, tree_checksum
 from fresh_rl.sweep.keys import seed_key, seed_keys, split_run_key, step_key, step_keys
+from fresh_rl.sweep.lock import FolderLockedError, output_lock
 from fresh_rl.sweep.loop import run_loop
 
 __all__ = [
     "CheckpointError",
+    "FolderLockedError",
     "Grid",
+    "NonFiniteError",
     "RunCheckpointer",
+    "RunIdentityError",
     "grid_mesh",
     "initialize_distributed",
+    "nonfinite_cells",
+    "output_lock",
     "product_grid",
     "progress_printer",
     "run_loop",
@@ -29,4 +39,5 @@ __all__ = [
     "step_key",
     "step_keys",
     "to_host",
+    "tree_checksum",
 ]

@@ -1,34 +1,53 @@
-"""Orbax checkpoints of a whole run (state, history so far), written by the host loop.
+"""Orbax checkpoints of a whole run (state, history so far), written by the host loop, verified.
 
 :func:`fresh_rl.sweep.run_loop` saves ``{"state", "history"}`` through a :class:`RunCheckpointer`
 (synchronous, atomic: orbax writes to a temporary directory and renames it when complete) and
 on restart restores the newest one and continues with the same keys, so the final state and
 history equal those of an uninterrupted run bit for bit (tested with SIGKILL). The state is
 any pytree (params, optimiser state, replay buffer, version ring, EWMA reference, RNG keys,
-counters: whatever the trainer carries). A checkpoint written for another configuration (different ``fingerprint``) or with another
-pytree structure, or one that cannot be read, raises :class:`CheckpointError` naming the
-directory; the older checkpoints are never deleted by a failed restore (``max_to_keep ≥ 2``
-keeps the previous good one) and ``fallback=True`` restores the newest readable one instead.
+counters: whatever the trainer carries).
+
+Verification:
+
+* **When written**, a checkpoint must pass the non-finite guard
+  (:func:`~fresh_rl.sweep.integrity.first_nonfinite_leaf`; a NaN state is never saved, so the
+  retention policy, which keeps the newest ``max_to_keep``, can only drop older *verified*
+  checkpoints) and records the SHA-256 of its contents
+  (:func:`~fresh_rl.sweep.integrity.tree_checksum`) beside the run's fingerprint.
+* **When restored**, the contents are re-hashed. A checkpoint that is unreadable, does not
+  match the state's pytree, or whose checksum differs is skipped with a warning naming it and
+  moved aside to ``<step>.corrupt`` (kept for inspection, never deleted); the newest good one
+  is restored instead. ``fallback=False`` raises :class:`CheckpointError` instead.
+* **Run identity**: the fingerprint is a string naming everything that changes the numbers
+  (configuration, seed, …); a checkpoint saved under another one raises
+  :class:`RunIdentityError` showing both, whatever ``fallback`` says.
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from fresh_rl.sweep.integrity import NonFiniteError, first_nonfinite_leaf, tree_checksum
 from fresh_rl.validation import require_int
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that cannot be used (corrupt, incompatible, or for another configuration)."""
+    """A checkpoint that cannot be used (corrupt, unreadable, incompatible with the state)."""
+
+
+class RunIdentityError(CheckpointError):
+    """A checkpoint written by another run (its fingerprint differs from this run's)."""
 
 
 class RunCheckpointer:
-    """Orbax checkpoints of one run in ``directory`` (steps as sub-directories).
+    """Verified orbax checkpoints of one run in ``directory`` (steps as sub-directories).
 
     Args:
       directory: created if missing.
-      fingerprint: a string identifying the configuration (e.g. ``repr(config)``); restoring a
-        checkpoint saved under another fingerprint raises :class:`CheckpointError`.
+      fingerprint: a string identifying the run: every setting that changes its numbers,
+        seed included (e.g. ``f"seed={seed} {config!r}"``); restoring a checkpoint saved under
+        another fingerprint raises :class:`RunIdentityError`.
       max_to_keep: newest checkpoints kept (≥ 2, so a corrupt newest one leaves a good one).
     """
 
@@ -50,9 +69,14 @@ class RunCheckpointer:
         return sorted(self._manager.all_steps())
 
     def save(self, step: int, tree) -> None:
+        """Write ``tree`` as checkpoint ``step``; a tree with NaN (or ±inf parameters) raises
+        :class:`~fresh_rl.sweep.integrity.NonFiniteError` and writes nothing."""
+        problem = first_nonfinite_leaf(tree)
+        if problem is not None:
+            raise NonFiniteError(f"refusing to checkpoint step {step} in {self.directory}: {problem}")
         args = self._ocp.args
-        self._manager.save(step, args=args.Composite(
-            run=args.StandardSave(tree), meta=args.JsonSave({"fingerprint": self.fingerprint, "step": step})))
+        meta = {"fingerprint": self.fingerprint, "step": step, "checksum": tree_checksum(tree)}
+        self._manager.save(step, args=args.Composite(run=args.StandardSave(tree), meta=args.JsonSave(meta)))
         self._manager.wait_until_finished()
 
     def _restore_step(self, step: int, abstract_tree):
@@ -62,35 +86,62 @@ class RunCheckpointer:
             meta = self._manager.restore(step, args=args.Composite(meta=args.JsonRestore()))["meta"]
         except Exception as err:  # orbax raises many types for unreadable files
             raise CheckpointError(f"checkpoint {where} is unreadable: {err}") from err
+        if not isinstance(meta, dict):
+            raise CheckpointError(f"checkpoint {where} has malformed metadata: {meta!r}")
         if meta.get("fingerprint") != self.fingerprint:
-            raise CheckpointError(
-                f"checkpoint {where} was saved for another configuration:\n  saved:   "
-                f"{meta.get('fingerprint')}\n  current: {self.fingerprint}")
+            raise RunIdentityError(
+                f"checkpoint {where} was saved by another run (another configuration or seed):\n"
+                f"  saved:   {meta.get('fingerprint')}\n  current: {self.fingerprint}\n"
+                "resume with the saved settings, or write this run to another folder")
         try:
             restored = self._manager.restore(step, args=args.Composite(run=args.StandardRestore(abstract_tree)))
         except Exception as err:
             raise CheckpointError(f"checkpoint {where} does not match this run's state "
                                   f"(corrupt or incompatible pytree): {err}") from err
-        return restored["run"]
+        tree = restored["run"]
+        if "checksum" not in meta:
+            warnings.warn(f"checkpoint {where} predates checksums: restored unverified", stacklevel=3)
+        elif tree_checksum(tree) != meta["checksum"]:
+            raise CheckpointError(f"checkpoint {where} is corrupt: its contents do not match the "
+                                  "checksum recorded when it was written")
+        return tree
 
-    def restore_latest(self, abstract_tree, fallback: bool = False) -> Optional[tuple[int, Any]]:
-        """``(step, tree)`` of the newest checkpoint, or ``None`` if there is none.
+    def restore_latest(self, abstract_tree, fallback: bool = True) -> Optional[tuple[int, Any]]:
+        """``(step, tree)`` of the newest good checkpoint, or ``None`` if there is none.
 
-        With ``fallback`` an unusable newest checkpoint is skipped (older ones are tried in
-        turn); without it the :class:`CheckpointError` is raised and nothing is deleted.
+        Newer checkpoints that fail verification are moved aside to ``<step>.corrupt`` with a
+        warning naming each (``fallback=False``: the first failure raises and nothing moves).
+        A :class:`RunIdentityError` always raises. If no checkpoint is usable, raises
+        :class:`CheckpointError` listing why for each and moves nothing.
         """
-        errors = []
+        bad: list[tuple[int, CheckpointError]] = []
         for step in reversed(self.steps()):
             try:
-                return step, self._restore_step(step, abstract_tree)
+                tree = self._restore_step(step, abstract_tree)
+            except RunIdentityError:
+                raise
             except CheckpointError as err:
                 if not fallback:
                     kept = [s for s in self.steps() if s != step]
                     raise CheckpointError(f"{err}\n(previous checkpoints kept: steps {kept}; "
-                                          "restore_latest(..., fallback=True) uses the newest readable one)") from err
-                errors.append(str(err))
-        if errors:
-            raise CheckpointError("no readable checkpoint:\n" + "\n".join(errors))
+                                          "restore_latest(..., fallback=True) uses the newest good one)") from err
+                bad.append((step, err))
+                continue
+            for bad_step, err in bad:
+                aside = self.directory / f"{bad_step}.corrupt"
+                for copy in range(1, 1000):
+                    if not aside.exists():
+                        break
+                    aside = self.directory / f"{bad_step}.corrupt{copy}"
+                (self.directory / str(bad_step)).rename(aside)
+                warnings.warn(f"{err}\nskipped it (moved to {aside}); resuming from the newest good "
+                              f"checkpoint, step {step}", stacklevel=2)
+            if bad:  # the manager caches its step list
+                self._manager.reload()
+            return step, tree
+        if bad:
+            raise CheckpointError(f"no usable checkpoint in {self.directory}:\n"
+                                  + "\n".join(str(err) for _, err in bad))
         return None
 
 

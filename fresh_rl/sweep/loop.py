@@ -17,8 +17,16 @@ applied ``num_steps`` times, step ``i`` receiving ``step_key(key_loop, i)``
   evenly; the first call's includes compilation).
 * **Checkpoints.** With a :class:`~fresh_rl.sweep.checkpoint.RunCheckpointer`, ``{"state",
   "history"}`` is saved every ``checkpoint_every`` steps (chunks never straddle a save) and
-  at the end; the newest checkpoint is restored first and the loop continues after it with
-  the same keys, so a resumed run equals an uninterrupted one bit for bit.
+  at the end; the newest good checkpoint is restored first and the loop continues after it
+  with the same keys, so a resumed run equals an uninterrupted one bit for bit. The
+  checkpoint folder is locked for the run (:func:`~fresh_rl.sweep.lock.output_lock`): a
+  second run on it fails at once.
+* **Non-finite guard.** After every call the metrics (NaN or ±inf) and the state (NaN, or
+  ±inf in ``params``/``opt_state``; :mod:`fresh_rl.sweep.integrity`) are checked; the first
+  offence raises :class:`~fresh_rl.sweep.integrity.NonFiniteError` naming the step, the
+  seed index and the metric (or state leaf). Nothing from that call is saved, so the last
+  checkpoint (finite by construction) stays the newest. A seed batch is one run: one
+  diverging seed stops it (:func:`fresh_rl.sweep.run_sharded` sweeps mark cells instead).
 """
 from __future__ import annotations
 
@@ -30,7 +38,9 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from fresh_rl.sweep.grid import GRID_AXIS, grid_mesh
+from fresh_rl.sweep.integrity import NonFiniteError, first_nonfinite_leaf, first_nonfinite_metric, tree_is_finite
 from fresh_rl.sweep.keys import step_key, step_keys
+from fresh_rl.sweep.lock import output_lock
 from fresh_rl.validation import require_int
 
 Metrics = dict[str, Any]
@@ -78,29 +88,64 @@ def run_loop(
     key_loop = jax.numpy.asarray(key_loop)
     if key_loop.ndim < 1 or key_loop.shape[-1] != 2:
         raise ValueError(f"key_loop must be a [..., 2] uint32 key array, got shape {key_loop.shape}")
-    seed_axes = tuple(key_loop.shape[:-1])
-    if seed_axes:
-        state, key_loop = _place_seed_axis((state, key_loop), seed_axes[0])
+    if checkpointer is None:
+        return _run(step_fn, state, key_loop, num_steps, steps_per_call, None, checkpoint_every, log, on_progress)
+    with output_lock(checkpointer.directory):
+        return _run(step_fn, state, key_loop, num_steps, steps_per_call, checkpointer, checkpoint_every,
+                    log, on_progress)
 
+
+def _restore(checkpointer, step_fn, state, key_loop, num_steps, seed_axes):
+    """``(done, state, history)`` from the newest good checkpoint, or ``None``."""
+    if checkpointer is None or not checkpointer.steps():
+        return None
     abstract_state = jax.eval_shape(lambda: state)
     metric_shapes = jax.eval_shape(step_fn, abstract_state, step_key(key_loop, 0))[1]
     abstract_history = {name: jax.ShapeDtypeStruct(tuple(s.shape) + (num_steps,), np.float32)
                         for name, s in metric_shapes.items()}
     abstract_history["wall_seconds"] = jax.ShapeDtypeStruct(seed_axes + (num_steps,), np.float32)
-
-    done = 0
-    restored = None if checkpointer is None else checkpointer.restore_latest(
-        {"state": abstract_state, "history": abstract_history})
+    restored = checkpointer.restore_latest({"state": abstract_state, "history": abstract_history})
     if restored is None:
-        history = {name: np.zeros(s.shape, s.dtype) for name, s in abstract_history.items()}
-    else:
-        done, tree = restored
-        state = tree["state"]
-        history = {name: np.array(value) for name, value in tree["history"].items()}
-        if seed_axes:
-            state = _place_seed_axis(state, seed_axes[0])
+        return None
+    done, tree = restored
     if done > num_steps:
         raise ValueError(f"the checkpoint holds {done} steps, more than num_steps={num_steps}")
+    return done, tree["state"], {name: np.array(value) for name, value in tree["history"].items()}
+
+
+def _check_finite(metrics, state, first_step, seed_axes, checkpointer) -> None:
+    """Raise :class:`NonFiniteError` for the first NaN/±inf metric, else for a bad state leaf."""
+    found = first_nonfinite_metric(metrics, first_step, len(seed_axes))
+    if found is not None:
+        step, name, seed, value = found
+        where = f"step {step}" + (f", seed index {seed}" if seed_axes else "")
+        problem = f"metric {name!r} is {value}"
+    elif not bool(tree_is_finite(state)):
+        last = first_step + next(iter(metrics.values())).shape[-1] - 1
+        where = f"step {last}" if last == first_step else f"steps {first_step}..{last}"
+        problem = f"the state has {first_nonfinite_leaf(state)} (metrics finite)"
+    else:
+        return
+    if checkpointer is None:
+        kept = "no checkpointer: nothing was saved"
+    else:
+        steps = checkpointer.steps()
+        kept = (f"the newest checkpoint, step {steps[-1]} in {checkpointer.directory}, is finite and kept"
+                if steps else f"no checkpoint was written to {checkpointer.directory}")
+    raise NonFiniteError(f"non-finite values at {where}: {problem}; the run stopped there ({kept})")
+
+
+def _run(step_fn, state, key_loop, num_steps, steps_per_call, checkpointer, checkpoint_every, log,
+         on_progress):
+    seed_axes = tuple(key_loop.shape[:-1])
+    if seed_axes:
+        state, key_loop = _place_seed_axis((state, key_loop), seed_axes[0])
+    done, history = 0, None  # history is allocated from the first call's metrics
+    restored = _restore(checkpointer, step_fn, state, key_loop, num_steps, seed_axes)
+    if restored is not None:
+        done, state, history = restored
+        if seed_axes:
+            state = _place_seed_axis(state, seed_axes[0])
 
     if steps_per_call > 1:
         seed_rank = len(seed_axes)
@@ -125,6 +170,11 @@ def run_loop(
             metrics = {name: np.moveaxis(np.asarray(value, np.float32), 0, -1)
                        for name, value in jax.device_get(metrics).items()}
         seconds = (time.perf_counter() - started) / (end - done)
+        _check_finite(metrics, state, done, seed_axes, checkpointer)
+        if history is None:
+            history = {name: np.zeros(value.shape[:-1] + (num_steps,), np.float32)
+                       for name, value in metrics.items()}
+            history["wall_seconds"] = np.zeros(seed_axes + (num_steps,), np.float32)
         for name, value in metrics.items():
             history[name][..., done:end] = value
         history["wall_seconds"][..., done:end] = seconds
