@@ -47,7 +47,7 @@ from fresh_rl.control.presets import (ABLATIONS, KEY_SCHEDULE, PAPER_DELTA, VACO
                                       study_variants, variant_config, variant_grid)
 from fresh_rl.eval import AGGREGATE_METRICS, aggregate_intervals, final_score, initial_score, seed_interval
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance
-from fresh_rl.sweep import run_sharded, to_host
+from fresh_rl.sweep import nonfinite_cells, run_sharded, to_host
 
 RESULTS = REPOSITORY_ROOT / "results" / "vaco"
 
@@ -70,8 +70,12 @@ def run_variant(config: TrainConfig, lags, deltas, num_seeds: int, seed: int) ->
     keep = ("episode_return", "episodes_completed", "lag/version_gap_mean", "lag/tv", "lag/ess",
             "loss/tv", "loss/filter_on", "loss/mask_fraction", "loss/clip_fraction", "loss/entropy")
     metrics = {k: v.reshape(L, D, S, -1) for k, v in out.items() if k in keep}
+    first_bad = np.full(L * D * S, -1)  # the non-finite guard of a sweep: mark cells, keep the rest
+    for cell, (step, _) in nonfinite_cells(out).items():
+        first_bad[cell] = step
     return {"metrics": metrics, "compile_s": compile_s, "run_s": total_s - compile_s,
-            "env_steps": L * D * S * config.num_iterations * config.batch_size}
+            "env_steps": L * D * S * config.num_iterations * config.batch_size,
+            "nonfinite_from_iteration": first_bad.reshape(L, D, S)}
 
 
 def run_all(scale: Scale, out_dir: Path, seed: int, fresh: bool, log=print) -> dict:
@@ -96,7 +100,12 @@ def run_all(scale: Scale, out_dir: Path, seed: int, fresh: bool, log=print) -> d
                         lags=np.array(scale.lags),
                         deltas=np.array(deltas), compile_s=np.array(res["compile_s"]),
                         run_s=np.array(res["run_s"]), env_steps=np.array(res["env_steps"]),
-                        batch_size=np.array(config.batch_size))
+                        batch_size=np.array(config.batch_size),
+                        nonfinite_from_iteration=res["nonfinite_from_iteration"])
+            if (res["nonfinite_from_iteration"] >= 0).any():
+                bad = np.argwhere(res["nonfinite_from_iteration"] >= 0)
+                log(f"WARNING {task.name} {variant}: {len(bad)} runs went non-finite "
+                    f"([lag, delta, seed] indices {bad.tolist()}; marked in nonfinite_from_iteration)")
             tmp = path.with_suffix(".tmp.npz")
             np.savez(tmp, **data)
             tmp.replace(path)  # atomic: an interrupted write never leaves a half file

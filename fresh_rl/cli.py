@@ -10,14 +10,17 @@
 Config fields become ``--name value`` options; nested configs use dotted names
 (``--vaco.delta``, ``--ppo_clip.epsilon``); tuples take comma-separated values
 (``--hidden_sizes 64,64``); booleans take true/false; ``None`` (capitalised) unsets an
-optional field. ``--lag k`` is a shortcut for a fixed
-delay with a ring just large enough. Metrics go to ``metrics.csv`` and ``metrics.jsonl`` (one
+optional field; integers may be written ``1e6``. A value of the wrong type or out of range
+exits at once naming the option (``--num_envs expects an integer, got 'abc'``); ``--out``
+must be a writable (or creatable) folder, checked before any work. ``--lag k`` is a shortcut
+for a fixed delay with a ring just large enough. Metrics go to ``metrics.csv`` and ``metrics.jsonl`` (one
 row per iteration; sweeps add one column per grid value) and, with ``--tensorboard``, to
 TensorBoard event files (needs the ``tensorboardX`` package).
 
 ``sweep --grid NAME=v1,v2`` takes any field of :class:`fresh_rl.control.HyperParams` (lag,
-vaco_delta, learning_rate, entropy_coef, value_coef, kl_coef, gamma): the grid is one compiled
-program. Seed ``s`` is the run key ``PRNGKey(s)`` in ``train --seed s`` and in every sweep that
+vaco_delta, learning_rate, entropy_coef, value_coef, kl_coef, gamma) that the method uses
+(``Method.hyperparams``), once: the grid is one compiled program, its values are range-checked
+before it is compiled. Seed ``s`` is the run key ``PRNGKey(s)`` in ``train --seed s`` and in every sweep that
 includes it (``--seed b --seeds S`` runs seeds b … b + S − 1; docs/sweeps.md). Compiled programs
 are kept in JAX's persistent compilation cache (``fresh_rl.compilation_cache``; folder
 ``$FRESH_RL_COMPILATION_CACHE_DIR`` or ``~/.cache/fresh_rl/xla``, off with
@@ -26,10 +29,12 @@ are kept in JAX's persistent compilation cache (``fresh_rl.compilation_cache``; 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import functools
 import json
+import math
 import runpy
 import sys
 import typing
@@ -39,8 +44,10 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
+from fresh_rl.validation import require_int, require_output_dir
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+SEED_MAX = 2**31 - 1  # the largest seed of fresh_rl.sweep.keys.seed_key
 
 
 # ----------------------------------------------------------------------------- typed configs
@@ -51,7 +58,32 @@ def _field_type(cls, field: dataclasses.Field):
     return hints.get(field.name, type(field.default))
 
 
+_KIND_NAMES = {int: "an integer", float: "a number", str: "a string"}
+
+
+def _parse_scalar(text: str, kind):
+    """``text`` as ``kind`` (int, float or str), else ``ValueError("expects …, got '…'")``.
+    Integers may use float notation (``1e6``); NaN is never a valid setting."""
+    if kind is str:
+        return text
+    try:
+        number = float(text)
+    except ValueError:
+        number = math.nan
+    if kind is int:
+        try:
+            return int(text)
+        except ValueError:
+            if math.isfinite(number) and number.is_integer():
+                return int(number)
+    elif not math.isnan(number):
+        return number
+    raise ValueError(f"expects {_KIND_NAMES[kind]}, got {text!r}")
+
+
 def _parse_value(text: str, kind, default):
+    """One ``--field`` value of a config field of type ``kind`` (``ValueError`` saying what
+    was expected)."""
     origin = typing.get_origin(kind)
     args = [a for a in typing.get_args(kind) if a is not type(None)]
     if text == "None" and (origin is typing.Union or default is None):
@@ -64,17 +96,49 @@ def _parse_value(text: str, kind, default):
         return kind(**{first.name: _parse_value(text, _field_type(kind, first), None)})
     if kind is bool or isinstance(default, bool):
         if text.lower() not in ("true", "false", "1", "0"):
-            raise argparse.ArgumentTypeError(f"expected true/false, got {text!r}")
+            raise ValueError(f"expects true or false, got {text!r}")
         return text.lower() in ("true", "1")
     if origin is tuple or isinstance(default, tuple):
         item = (typing.get_args(kind) or (int,))[0]
         item = int if item is Ellipsis else item
-        return tuple(item(x) for x in text.split(",") if x)
-    if kind in (int, float, str):
-        return kind(text)
-    if isinstance(default, (int, float, str)):
-        return type(default)(text)
-    raise argparse.ArgumentTypeError(f"cannot parse {text!r} as {kind}")
+        try:
+            return tuple(_parse_scalar(x, item) for x in text.split(",") if x)
+        except ValueError:
+            raise ValueError(f"expects comma-separated values, each {_KIND_NAMES[item]}, "
+                             f"got {text!r}") from None
+    if kind not in _KIND_NAMES and isinstance(default, (int, float, str)):
+        kind = type(default)
+    if kind in _KIND_NAMES:
+        return _parse_scalar(text, kind)
+    raise ValueError(f"cannot be parsed as {kind}, got {text!r}")
+
+
+class _Typed(argparse.Action):
+    """Stores ``parse(text)``; a ``ValueError`` exits with ``--name expects …, got '…'``."""
+
+    def __init__(self, option_strings, dest, parse, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.parse = parse
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            setattr(namespace, self.dest, self.parse(values))
+        except ValueError as err:
+            parser.error(f"{option_string} {err}")
+
+
+def _int_in(low: int, high: float = math.inf):
+    """A ``_Typed`` parser of integers in ``[low, high]``."""
+    def parse(text: str) -> int:
+        try:
+            value = _parse_scalar(text, int)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            bound = "inf)" if high == math.inf else f"{high}]"
+            raise ValueError(f"expects an integer in [{low}, {bound}, got {text!r}")
+        return value
+    return parse
 
 
 def _flat_fields(cls, prefix: str = ""):
@@ -96,8 +160,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls) -> None:
     group = parser.add_argument_group(f"{cls.__name__} fields")
     for name, owner, field, default in _flat_fields(cls):
         kind = _field_type(owner, field)
-        group.add_argument(f"--{name}", dest=f"cfg:{name}", default=None, metavar="VALUE",
-                           type=functools.partial(_parse_value, kind=kind, default=default),
+        group.add_argument(f"--{name}", dest=f"cfg:{name}", default=None, metavar="VALUE", action=_Typed,
+                           parse=functools.partial(_parse_value, kind=kind, default=default),
                            help=f"(default: {default!r})")
 
 
@@ -170,54 +234,73 @@ def _control_config(args):
 
 def cmd_train(args) -> None:
     from fresh_rl.control import HyperParams, init_state, train_iteration
-    from fresh_rl.sweep import RunCheckpointer, progress_printer, run_loop, seed_key, split_run_key
+    from fresh_rl.sweep import RunCheckpointer, output_lock, progress_printer, run_loop, seed_key, split_run_key
 
+    require_output_dir("--out", args.out)
     config = _control_config(args)
     hparams = HyperParams.from_config(config)
     hparams.validate(config)
     out = Path(args.out)
-    checkpointer = RunCheckpointer(out / "checkpoints", fingerprint=repr(config))
     key_init, key_loop = split_run_key(seed_key(args.seed))
     every = args.checkpoint_every or config.num_iterations
-    _, metrics = run_loop(
-        lambda state, key: train_iteration(config, state, key, hparams),
-        init_state(config, key_init, hparams), key_loop, config.num_iterations,
-        steps_per_call=every, checkpointer=checkpointer, checkpoint_every=every,
-        on_progress=progress_printer(f"{config.method} on {config.env_name}"),
-    )
-    write_metrics(out, _metric_rows(metrics), args.tensorboard)
-    (out / "config.txt").write_text(repr(config) + "\n")
+    with output_lock(out):  # one writer per folder; the seed is part of the run's identity
+        checkpointer = RunCheckpointer(out / "checkpoints", fingerprint=f"seed={args.seed} {config!r}")
+        _, metrics = run_loop(
+            lambda state, key: train_iteration(config, state, key, hparams),
+            init_state(config, key_init, hparams), key_loop, config.num_iterations,
+            steps_per_call=every, checkpointer=checkpointer, checkpoint_every=every,
+            on_progress=progress_printer(f"{config.method} on {config.env_name}"),
+        )
+        write_metrics(out, _metric_rows(metrics), args.tensorboard)
+        (out / "config.txt").write_text(f"seed={args.seed}\n{config!r}\n")
     last = np.asarray(metrics["episode_return"])[-max(1, config.num_iterations // 10):].mean()
     print(f"final episode return (last 10% of iterations): {last:.2f}; metrics in {out}")
 
 
 def _parse_grid(items: Sequence[str]) -> dict[str, list]:
     """``["lag=0,4", "learning_rate=1e-3,3e-4"]`` → ``{name: values}`` for any HyperParams leaf
-    (ints for integer leaves, floats otherwise)."""
+    (ints for integer leaves, floats otherwise). A field given twice, a value listed twice or
+    one that is not a number exits naming it; ranges are checked by ``HyperParams.validate``."""
     import jax.numpy as jnp
 
     from fresh_rl.control import HyperParams
 
     allowed = HyperParams.field_names()
-    grid = {}
+    grid, given = {}, {}
     for item in items:
         name, _, values = item.partition("=")
         if name not in allowed or not values:
             raise SystemExit(f"--grid takes NAME=v1,v2,… with NAME in {allowed}, got {item!r}")
+        if name in given:
+            raise SystemExit(f"--grid {name} is given twice ({given[name]!r} and {item!r}); "
+                             f"list every value once: --grid {name}=v1,v2,…")
+        given[name] = item
         kind = int if jnp.issubdtype(HyperParams.dtype(name), jnp.integer) else float
-        try:
-            grid[name] = [kind(v) for v in values.split(",")]
-        except ValueError as err:
-            raise SystemExit(f"--grid {name}: expected {kind.__name__} values, got {values!r}") from err
+        grid[name] = []
+        for text in values.split(","):
+            try:
+                value = _parse_scalar(text, kind)
+            except ValueError as err:
+                raise SystemExit(f"--grid {name} {err} (in {values!r})") from err
+            if value in grid[name]:
+                raise SystemExit(f"--grid {name} lists {value!r} twice (in {values!r})")
+            grid[name].append(value)
     return grid
 
 
 def sweep_grid(config, num_seeds: int, seed: int, grid_values: dict):
     """The sweep's grid points and their stacked HyperParams: ``product_grid`` of the seeds
-    ``seed … seed + num_seeds − 1`` and ``grid_values`` (the one seed → key schedule)."""
+    ``seed … seed + num_seeds − 1`` and ``grid_values`` (the one seed → key schedule).
+    ``ValueError`` if the last seed is out of range or ``config.method`` ignores a swept field."""
     from fresh_rl.control import HyperParams
     from fresh_rl.sweep import product_grid
 
+    require_int("--seed + --seeds - 1 (the last seed)", seed + num_seeds - 1, 0, SEED_MAX)
+    uses = config.method_spec.hyperparams
+    ignored = [name for name in grid_values if name not in uses]
+    if ignored:
+        raise ValueError(f"--grid {', '.join(ignored)}: method {config.method!r} does not use "
+                         f"{'it' if len(ignored) == 1 else 'them'} (it uses {', '.join(uses)})")
     grid = product_grid(num_seeds, seed=seed, **grid_values)
     return grid, HyperParams.from_grid(config, grid.values, size=grid.size)
 
@@ -225,8 +308,11 @@ def sweep_grid(config, num_seeds: int, seed: int, grid_values: dict):
 def cmd_sweep(args) -> None:
     from fresh_rl.control.train import TrainConfig, train
     from fresh_rl.lag import DelayConfig
-    from fresh_rl.sweep import run_sharded, to_host
+    import jax
 
+    from fresh_rl.sweep import RunCheckpointer, is_primary, nonfinite_cells, output_lock, run_sharded, to_host
+
+    require_output_dir("--out", args.out)
     grid_values = _parse_grid(args.grid)
     extra = {}
     if "lag" in grid_values:
@@ -235,12 +321,41 @@ def cmd_sweep(args) -> None:
     grid, hparams = sweep_grid(config, args.seeds, args.seed, grid_values)
     hparams.validate(config)
     fn = lambda key, hp: train(config, key, hp).metrics  # noqa: E731
-    metrics = to_host(run_sharded(fn, grid.keys, hparams, chunk_size=args.chunk_size))
-    rows = []
-    for i, point in enumerate(grid.rows):
-        rows += _metric_rows({k: v[i] for k, v in metrics.items()}, point)
-    write_metrics(Path(args.out), rows, args.tensorboard)
-    print(f"{grid.size} runs ({args.seeds} seeds × {grid.size // args.seeds} values); metrics in {args.out}")
+    primary = is_primary()  # several processes (fresh-rl launch, pods): process 0 writes
+    with output_lock(args.out) if primary else contextlib.nullcontext():
+        checkpointer = None if args.chunk_size is None else RunCheckpointer(
+            Path(args.out) / "checkpoints", fingerprint=f"{grid.rows!r} {config!r}")
+        metrics = to_host(run_sharded(fn, grid.keys, hparams, chunk_size=args.chunk_size, pad=not args.no_pad,
+                                      checkpointer=checkpointer))
+        failed = nonfinite_cells(metrics)  # {cell: (first iteration, metric)}
+        rows = []
+        for i, point in enumerate(grid.rows):
+            status = {"nonfinite_from_iteration": failed.get(i, (-1,))[0]}
+            rows += _metric_rows({k: v[i] for k, v in metrics.items()}, point | status)
+        if primary:
+            write_metrics(Path(args.out), rows, args.tensorboard)
+    if not primary:
+        return
+    print(f"{grid.size} runs ({args.seeds} seeds × {grid.size // args.seeds} values) over "
+          f"{jax.process_count()} process(es), {jax.device_count()} device(s); metrics in {args.out}")
+    if failed:
+        cells = "; ".join(f"{grid.rows[i]} from iteration {step} ({name})" for i, (step, name) in failed.items())
+        raise SystemExit(f"error: {len(failed)} of {grid.size} runs went non-finite (their rows are marked "
+                         f"in column nonfinite_from_iteration, the others are complete): {cells}")
+
+
+def cmd_launch(args) -> None:
+    from fresh_rl.sweep import LaunchError, launch_local
+
+    if not args.command_args or args.command_args[0] != "sweep":
+        raise SystemExit("error: launch needs a command to run, e.g. `fresh-rl launch --processes 2 sweep "
+                         f"--grid lag=0,4`, got {' '.join(args.command_args)!r}")
+    try:
+        outputs = launch_local([sys.executable, "-m", "fresh_rl", *args.command_args], args.processes,
+                               args.devices_per_process, timeout_s=args.timeout)
+    except LaunchError as err:
+        raise SystemExit(f"error: {err}") from err
+    print(outputs[0], end="")
 
 
 def _run_script(name: str, argv: Sequence[str]) -> None:
@@ -262,25 +377,46 @@ def build_parser() -> argparse.ArgumentParser:
 
     train_p = sub.add_parser("train", help="one control run with checkpoints (resumes if interrupted)")
     train_p.add_argument("--out", default="runs/train", help="output directory (default: runs/train)")
-    train_p.add_argument("--seed", type=int, default=0)
-    train_p.add_argument("--lag", type=int, default=None, help="fixed backward lag k (shortcut for --delay)")
-    train_p.add_argument("--checkpoint-every", type=int, default=None,
-                         help="iterations between checkpoints (default: one at the end)")
+    train_p.add_argument("--seed", action=_Typed, parse=_int_in(0, SEED_MAX), default=0,
+                         help=f"run seed in [0, {SEED_MAX}] (default: 0)")
+    train_p.add_argument("--lag", action=_Typed, parse=_int_in(0), default=None,
+                         help="fixed backward lag k >= 0, < the number of iterations (shortcut for --delay)")
+    train_p.add_argument("--checkpoint-every", action=_Typed, parse=_int_in(1), default=None,
+                         help="iterations between checkpoints, >= 1 (default: one at the end)")
     train_p.add_argument("--tensorboard", action="store_true")
     add_config_arguments(train_p, TrainConfig)
 
     sweep_p = sub.add_parser("sweep", help="seeds × grid as one vmapped program sharded over all devices")
     sweep_p.add_argument("--out", default="runs/sweep")
-    sweep_p.add_argument("--seed", type=int, default=0)
-    sweep_p.add_argument("--seeds", type=int, default=5, help="seeds per grid point (default: 5)")
+    sweep_p.add_argument("--seed", action=_Typed, parse=_int_in(0, SEED_MAX), default=0,
+                         help="first seed (default: 0); seeds seed … seed + seeds − 1 are run")
+    sweep_p.add_argument("--seeds", action=_Typed, parse=_int_in(1), default=5,
+                         help="seeds per grid point (default: 5)")
     sweep_p.add_argument("--grid", action="append", default=[],
-                         help="NAME=v1,v2 with NAME a HyperParams field: " + ", ".join(HyperParams.field_names()))
-    sweep_p.add_argument("--chunk-size", type=int, default=None, help="grid points per program call")
+                         help="NAME=v1,v2 with NAME a HyperParams field the method uses (once each): "
+                         + ", ".join(HyperParams.field_names()))
+    sweep_p.add_argument("--chunk-size", action=_Typed, parse=_int_in(1), default=None,
+                         help="grid points per program call; the results are checkpointed after each "
+                         "chunk and a rerun continues after the last one")
+    sweep_p.add_argument("--no-pad", action="store_true",
+                         help="refuse a chunk that does not divide over the devices instead of padding it")
     sweep_p.add_argument("--tensorboard", action="store_true")
     add_config_arguments(sweep_p, TrainConfig)
 
     for p in (train_p, sweep_p):
         add_compilation_cache_flag(p)
+
+    launch_p = sub.add_parser("launch", help="run a command (e.g. a sweep) as several local JAX processes",
+                              description="Start N JAX processes on this machine (coordinator on 127.0.0.1, "
+                              "CPU collectives, simulated CPU devices each) running `fresh-rl COMMAND …`; "
+                              "one grid spans them all and process 0 writes the results (docs/sweeps.md).")
+    launch_p.add_argument("--processes", action=_Typed, parse=_int_in(1), default=2, help="number of processes")
+    launch_p.add_argument("--devices-per-process", action=_Typed, parse=_int_in(1), default=1,
+                          help="simulated CPU devices in each process")
+    launch_p.add_argument("--timeout", action=_Typed, parse=_int_in(1), default=3600,
+                          help="seconds before the whole launch is stopped (default: 3600)")
+    launch_p.add_argument("command_args", nargs=argparse.REMAINDER, metavar="COMMAND …",
+                          help="a fresh-rl command with its options, e.g. sweep --grid lag=0,4")
 
     for name, helptext in (("experiment", "run experiments/<name>.py with the remaining arguments"),
                            ("figures", "remake an experiment's figures from its saved runs")):
@@ -290,6 +426,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Any:
+    from fresh_rl.sweep.distributed import DistributedSetupError, initialize_distributed
+
+    try:  # before anything touches a device (importing the trainers may): joins a multi-process run
+        initialize_distributed()
+    except DistributedSetupError as err:
+        raise SystemExit(f"error: {err}") from err
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command in ("experiment", "figures"):
@@ -298,8 +440,13 @@ def main(argv: Optional[Sequence[str]] = None) -> Any:
         return _run_script(args.name, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "launch":
+        return cmd_launch(args)
     enable_from_args(args)
+    from fresh_rl.sweep import FolderLockedError, NonFiniteError
+
     try:
         return {"train": cmd_train, "sweep": cmd_sweep}[args.command](args)
-    except ValueError as err:  # config validation: name the field, no traceback
+    except (ValueError, NonFiniteError, FolderLockedError, DistributedSetupError) as err:
+        # config validation, corrupt or foreign checkpoints, non-finite runs, locked folders
         raise SystemExit(f"error: {err}") from err

@@ -6,15 +6,20 @@
   ``jit``/``vmap``/``scan``) they cannot raise: with ``jit_checks=True`` they become
   ``checkify.check`` (wrap the jitted function in ``jax.experimental.checkify.checkify`` and
   call ``err.throw()``), otherwise they are skipped and the caller applies its documented
-  safe fallback.
+  safe fallback. ``check_in_range`` does both for a scalar (or array) argument.
+* ``require_output_dir`` checks an output folder before any work is done.
 """
 
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Optional, Sequence
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from jax.experimental import checkify
 
 
@@ -34,9 +39,12 @@ def require_in_range(
     above = value >= low if low_inclusive else value > low
     below = value <= high if high_inclusive else value < high
     if not (above and below):  # also catches NaN
-        left = "[" if low_inclusive else "("
-        right = "]" if high_inclusive else ")"
-        raise ValueError(f"{name} must be in {left}{low}, {high}{right}, got {value!r}")
+        raise ValueError(f"{name} must be in {_interval(low, high, low_inclusive, high_inclusive)}, "
+                         f"got {value!r}")
+
+
+def _interval(low, high, low_inclusive: bool, high_inclusive: bool) -> str:
+    return f"{'[' if low_inclusive else '('}{low}, {high}{']' if high_inclusive else ')'}"
 
 
 def require_int(name: str, value, low: float, high: float = math.inf) -> None:
@@ -44,6 +52,28 @@ def require_int(name: str, value, low: float, high: float = math.inf) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
     require_in_range(name, value, low, high)
+
+
+def require_output_dir(name: str, path) -> Path:
+    """Raise ``ValueError`` unless ``path`` can be a writable output folder (creates nothing).
+
+    Rejected: an empty path, an existing file, a path under a file, and a folder (or, if it
+    does not exist yet, its nearest existing parent) that is not writable. Returns the path.
+    """
+    text = os.fspath(path)
+    if not text.strip():
+        raise ValueError(f"{name} must name an output folder, got {text!r}")
+    folder = Path(text).expanduser().absolute()
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing == folder and not folder.is_dir():
+        raise ValueError(f"{name} {text!r} is an existing file, not a folder")
+    if not existing.is_dir():
+        raise ValueError(f"{name} {text!r} lies under the file {str(existing)!r}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{name} {text!r} is not writable (no write permission on {str(existing)!r})")
+    return folder
 
 
 def require_choice(name: str, value: str, choices: Sequence[str]) -> None:
@@ -80,3 +110,31 @@ def check(predicate, message: str, jit_checks: bool) -> None:
         return
     if not bool(predicate):
         raise ValueError(message)
+
+
+def check_in_range(
+    name: str,
+    value,
+    low: float = -math.inf,
+    high: float = math.inf,
+    *,
+    low_inclusive: bool = True,
+    high_inclusive: bool = True,
+    jit_checks: bool = False,
+) -> None:
+    """:func:`require_in_range` for a scalar or array that may be traced.
+
+    Concrete values: every element is checked (``ValueError`` naming ``name``, the interval and
+    the first bad value). Traced values: a ``checkify.check`` with ``jit_checks``, else nothing.
+    """
+    if not is_traced(value):
+        for item in np.unique(np.asarray(value)):
+            require_in_range(name, item.item(), low, high,
+                             low_inclusive=low_inclusive, high_inclusive=high_inclusive)
+        return
+    if jit_checks:
+        value = jnp.asarray(value)
+        above = value >= low if low_inclusive else value > low
+        below = value <= high if high_inclusive else value < high
+        check(jnp.all(above & below),
+              f"{name} must be in {_interval(low, high, low_inclusive, high_inclusive)}", True)

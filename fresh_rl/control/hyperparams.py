@@ -7,10 +7,16 @@ inside one compiled program: ``jax.vmap(train, (None, 0, 0))`` over keys and a s
 :meth:`HyperParams.from_config` copies it, and the trainer always reads the traced leaf.
 Settings that change shapes or the program's structure (network, env, batch layout, loss
 variants) stay static in the config.
+
+:meth:`HyperParams.validate` also refuses a run whose big allocations
+(:func:`allocation_estimate`: version ring, metric history, rollout batch) exceed
+:data:`MAX_ALLOCATION_BYTES`, naming the bytes and the setting responsible, before anything is
+allocated or compiled.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
@@ -19,10 +25,63 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from fresh_rl.validation import is_traced, require_in_range
+from fresh_rl.validation import check_in_range, is_traced
 
 if TYPE_CHECKING:  # annotation only: train.py imports this module
     from fresh_rl.control.train import TrainConfig
+
+MAX_ALLOCATION_BYTES: int = 16 * 2**30
+"""Largest :func:`allocation_estimate` total (bytes, all grid points together) that
+:meth:`HyperParams.validate` accepts: 16 GiB. Raise it for a bigger machine, per call
+(``validate(config, max_bytes=...)``) or for the process (assign this module attribute)."""
+
+METRICS_PER_ITERATION: int = 40
+"""Upper bound on the float32 metrics one iteration records (32 for VACO today, plus the host
+loop's wall time), used by :func:`allocation_estimate`."""
+
+
+@functools.lru_cache(maxsize=64)
+def _param_bytes(config: "TrainConfig") -> int:
+    """Bytes of one copy of the actor-critic parameters (shape evaluation only)."""
+    obs = jnp.zeros((1, *config.vec_env.spec.obs_shape), jnp.float32)
+    shapes = jax.eval_shape(config.network().init, jax.random.PRNGKey(0), obs)
+    return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(shapes))
+
+
+def allocation_estimate(config: "TrainConfig", num_runs: int = 1) -> dict[str, int]:
+    """Estimated bytes of the big allocations of ``num_runs`` runs of ``config``, keyed by the
+    setting that sizes each:
+
+    * ``"delay.ring_size"``: version ring + learner parameters + Adam state, (K + 3) × the
+      parameter bytes;
+    * ``"total_env_steps"``: metric history, ``num_iterations`` × :data:`METRICS_PER_ITERATION`
+      × 4 bytes, twice (the scan's output and the host copy);
+    * ``"num_envs*rollout_length"``: rollout batch (obs, next obs, action and five per-step
+      scalars, float32), three copies (batch, flattened, shuffled minibatches).
+    """
+    spec = config.vec_env.spec
+    obs_size = int(np.prod(spec.obs_shape))
+    action_size = 1 if spec.discrete else spec.action_dim
+    per_run = {
+        "delay.ring_size": (config.delay.ring_size + 3) * _param_bytes(config),
+        "total_env_steps": 2 * config.num_iterations * METRICS_PER_ITERATION * 4,
+        "num_envs*rollout_length": 3 * config.batch_size * (2 * obs_size + action_size + 5) * 4,
+    }
+    return {name: num_runs * value for name, value in per_run.items()}
+
+
+def _require_allocation(config: "TrainConfig", num_runs: int, max_bytes: int) -> None:
+    estimate = allocation_estimate(config, num_runs)
+    total = sum(estimate.values())
+    if total <= max_bytes:
+        return
+    setting, largest = max(estimate.items(), key=lambda item: item[1])
+    values = {"delay.ring_size": config.delay.ring_size, "total_env_steps": config.total_env_steps,
+              "num_envs*rollout_length": config.batch_size}
+    raise ValueError(
+        f"{setting} = {values[setting]} needs about {largest:,} bytes ({largest / 2**30:.1f} GiB) "
+        f"for {num_runs} run(s); all estimated allocations: {total:,} bytes > the limit "
+        f"{max_bytes:,} (fresh_rl.control.hyperparams.MAX_ALLOCATION_BYTES)")
 
 
 @struct.dataclass
@@ -83,9 +142,17 @@ class HyperParams:
         return cls(**{name: jnp.asarray(values[name], cls.dtype(name)) if name in values
                       else jnp.broadcast_to(getattr(base, name), (n,)) for name in cls.field_names()})
 
-    def validate(self, config: "TrainConfig") -> None:
-        """Host-side range checks of every concrete leaf (traced leaves are skipped: the
-        trainer clips a traced lag to [0, K − 1]). ``ValueError`` names the field and range."""
+    def validate(self, config: "TrainConfig", max_bytes: Optional[int] = None) -> None:
+        """Host-side checks of every concrete leaf, before anything is traced or allocated
+        (traced leaves are skipped: the trainer clips a traced lag to [0, K − 1]).
+
+        Ranges: lag an integer in [0, K − 1] and < ``config.num_iterations`` (a larger lag acts
+        as num_iterations − 1: lags are clipped to the versions that exist); vaco_delta in
+        (0, ∞]; learning_rate in (0, ∞); entropy_coef, value_coef, kl_coef in [0, ∞); gamma in
+        [0, 1]; NaN never. Then the :func:`allocation_estimate` of all grid points must stay
+        within ``max_bytes`` (default :data:`MAX_ALLOCATION_BYTES`). ``ValueError`` names the
+        field, its range and the bad value (or the bytes and the setting responsible).
+        """
         top = config.delay.ring_size - 1
         ranges = {
             "lag": (0, top, True, True),
@@ -96,16 +163,22 @@ class HyperParams:
             "kl_coef": (0.0, math.inf, True, False),
             "gamma": (0.0, 1.0, True, True),
         }
+        num_runs = 1
         for name, (low, high, low_in, high_in) in ranges.items():
             leaf = getattr(self, name)
             if is_traced(leaf):
                 continue
             values = np.asarray(leaf)
+            num_runs = max(num_runs, values.size)
             if name == "lag":
                 if not np.issubdtype(values.dtype, np.integer):
                     raise ValueError(f"HyperParams.lag must be an integer in [0, {top}], got dtype {values.dtype}")
                 if config.delay.kind != "fixed" and np.any(values != config.delay.lag):
                     raise ValueError(f"HyperParams.lag needs delay.kind='fixed', got {config.delay.kind!r}")
-            for value in np.unique(values):
-                require_in_range(f"HyperParams.{name}", value.item(), low, high,
-                                 low_inclusive=low_in, high_inclusive=high_in)
+            check_in_range(f"HyperParams.{name}", values, low, high,
+                           low_inclusive=low_in, high_inclusive=high_in)
+            if name == "lag" and values.max(initial=0) >= config.num_iterations:
+                raise ValueError(
+                    f"HyperParams.lag must be < num_iterations = {config.num_iterations} (the run's "
+                    f"length; a larger lag acts as {config.num_iterations - 1}), got {values.max()}")
+        _require_allocation(config, num_runs, MAX_ALLOCATION_BYTES if max_bytes is None else max_bytes)

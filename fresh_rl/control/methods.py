@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 import jax
 
+from fresh_rl.control.hyperparams import HyperParams
 from fresh_rl.corrections import impala_policy_gradient_loss, ppo_clip_loss, ppo_kl_loss, spo_loss, vaco_policy_loss
 from fresh_rl.validation import require_choice
 
@@ -34,6 +35,9 @@ ADVANTAGE_SOURCES: tuple[str, ...] = ("gae", "vtrace", "vtrace_per_step")
 REFERENCES: tuple[str, ...] = ("behaviour", "learner_start")
 ADVANTAGE_NORMALIZATIONS: tuple[str, ...] = ("standardize", "scale", "none")
 MINIBATCH_LAYOUTS: tuple[str, ...] = ("samples", "env_rows")
+SHARED_HYPERPARAMS: tuple[str, ...] = ("lag", "learning_rate", "entropy_coef", "value_coef", "gamma")
+"""The :class:`~fresh_rl.control.hyperparams.HyperParams` leaves every method reads (``lag``
+only with ``delay.kind="fixed"``)."""
 
 PolicyLoss = Callable[[jax.Array, dict, Any, Any], tuple[jax.Array, dict]]
 
@@ -61,6 +65,9 @@ class Method:
         is ``None``: ``"standardize"``, ``"scale"`` or ``"none"``.
       minibatch_layout: ``"samples"`` (shuffle all N·T samples) or ``"env_rows"`` (shuffle
         whole env rows ``[N/M, T]``; ``num_minibatches`` must divide ``num_envs``).
+      loss_hyperparams: the HyperParams leaves ``policy_loss`` reads, beyond
+        :data:`SHARED_HYPERPARAMS` (e.g. ``("vaco_delta",)``); a sweep over any other leaf
+        would not change the run (``fresh-rl sweep`` refuses it).
     """
 
     name: str
@@ -69,6 +76,7 @@ class Method:
     reference: str = "behaviour"
     default_normalization: str = "standardize"
     minibatch_layout: str = "samples"
+    loss_hyperparams: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -79,9 +87,16 @@ class Method:
         require_choice("Method.reference", self.reference, REFERENCES)
         require_choice("Method.default_normalization", self.default_normalization, ADVANTAGE_NORMALIZATIONS)
         require_choice("Method.minibatch_layout", self.minibatch_layout, MINIBATCH_LAYOUTS)
+        for name in self.loss_hyperparams:
+            require_choice("every entry of Method.loss_hyperparams", name, HyperParams.field_names())
         if self.advantages == "vtrace_per_step" and self.minibatch_layout != "env_rows":
             raise ValueError("Method.minibatch_layout must be 'env_rows' for advantages='vtrace_per_step' "
                              f"(V-trace runs along whole rows), got {self.minibatch_layout!r}")
+
+    @property
+    def hyperparams(self) -> tuple[str, ...]:
+        """Every HyperParams leaf a run of this method reads."""
+        return SHARED_HYPERPARAMS + tuple(self.loss_hyperparams)
 
 
 METHODS: dict[str, Method] = {}
@@ -126,12 +141,14 @@ def _vaco_unfiltered(logp, mb, hparams, config):
 
 for _method in (
     Method("ppo_clip", _ppo_clip),
-    Method("ppo_kl", _ppo_kl),
+    Method("ppo_kl", _ppo_kl, loss_hyperparams=("kl_coef",)),
     Method("spo", _spo),
     Method("impala", _impala, advantages="vtrace_per_step", minibatch_layout="env_rows"),
-    Method("vaco", _vaco, advantages="vtrace", reference="learner_start", default_normalization="scale"),
+    Method("vaco", _vaco, advantages="vtrace", reference="learner_start", default_normalization="scale",
+           loss_hyperparams=("vaco_delta",)),
     Method("vaco_align_only", _vaco_unfiltered, advantages="vtrace", reference="learner_start",
            default_normalization="scale"),
-    Method("vaco_filter_only", _vaco, reference="learner_start", default_normalization="scale"),
+    Method("vaco_filter_only", _vaco, reference="learner_start", default_normalization="scale",
+           loss_hyperparams=("vaco_delta",)),
 ):
     register_method(_method)

@@ -17,6 +17,9 @@ Shared conventions:
   (``tv``, ``kl_k1/k2/k3``, ``ess``, ``ratio_*``).
 * Static settings are frozen dataclasses validated at construction (``ValueError`` naming
   the field and its range); pass them as static arguments under ``jit``.
+* Scalar arguments that may be traced (``kl_coef``, ``delta``) are range-checked when
+  concrete (``ValueError``); traced, they are checked only with ``jit_checks=True`` (a
+  ``checkify`` check, :mod:`fresh_rl.validation`), else each loss documents what a bad value does.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from fresh_rl.corrections._validation import check_per_token
-from fresh_rl.validation import require_choice, require_in_range
+from fresh_rl.validation import check_in_range, require_choice, require_in_range
 from fresh_rl.corrections.diagnostics import fraction, masked_mean, policy_diagnostics
 
 Metrics = dict[str, chex.Array]
@@ -182,15 +185,17 @@ def ppo_kl_loss(
     *,
     kl_coef: Union[float, chex.Array],
     config: PPOKLConfig = PPOKLConfig(),
+    jit_checks: bool = False,
 ) -> tuple[chex.Array, Metrics]:
     """PPO with a KL penalty: ``L = −mean_i [r_i A_i − β · k(log r_i)]`` (Schulman et al. 2017, Eq. 8).
 
-    ``β = kl_coef`` is either fixed (a Python float ≥ 0, validated) or adaptive (a traced
-    scalar updated between iterations by :func:`adaptive_kl_coefficient`). ``k`` is the
-    estimator of :class:`PPOKLConfig`. Metrics add ``kl_coef`` and ``kl_penalty`` (mean k).
+    ``β = kl_coef`` ∈ [0, ∞) is either fixed or adaptive (a traced scalar updated between
+    iterations by :func:`adaptive_kl_coefficient`); a concrete β out of range raises
+    ``ValueError``, a traced one is checked only with ``jit_checks`` (a negative β rewards
+    divergence, a NaN one makes the loss NaN). ``k`` is the estimator of
+    :class:`PPOKLConfig`. Metrics add ``kl_coef`` and ``kl_penalty`` (mean k).
     """
-    if isinstance(kl_coef, (int, float)):
-        require_in_range("kl_coef", kl_coef, 0.0, math.inf)
+    check_in_range("kl_coef", kl_coef, 0.0, math.inf, high_inclusive=False, jit_checks=jit_checks)
     log_ratio, advantages, mask = _prepare(log_probs, old_log_probs, advantages, mask)
     penalty = kl_penalty(log_ratio, config.kl_estimator)
     loss = masked_mean(-jnp.exp(log_ratio) * advantages + kl_coef * penalty, mask)
@@ -358,6 +363,7 @@ def vaco_policy_loss(
     *,
     config: VACOConfig = VACOConfig(),
     delta: Optional[chex.Array] = None,
+    jit_checks: bool = False,
 ) -> tuple[chex.Array, Metrics]:
     """VACO policy loss: unclipped IS policy gradient with the per-minibatch TV filter.
 
@@ -368,12 +374,16 @@ def vaco_policy_loss(
     (arXiv 2603.01365, Eqs. 5, 15, 16 of its ICLR 2026 submission as reconstructed in
     docs/vaco.md; the worked examples of TVPO fix the sign rule.) ``advantages`` are the frozen
     realigned advantages (:func:`vtrace` output). Normalising by N valid rather than by the
-    kept count is our choice. ``delta``: δ as a plain scalar (may be traced: one compile for a δ
-    sweep; ``math.inf`` never filters), read under ``config.threshold_convention``; ``None``
-    uses ``config.delta``. Metrics add ``tv_filter_estimate`` (D̂ as compared with δ),
-    ``filter_on`` (D̂ above threshold), ``mask_fraction`` and ``backward_ratio_mean``
-    (mean π_T/β, the backward-lag weight).
+    kept count is our choice. ``delta``: δ ∈ (0, ∞] as a plain scalar (may be traced: one
+    compile for a δ sweep; ``math.inf`` never filters), read under
+    ``config.threshold_convention``; ``None`` uses ``config.delta``. A concrete δ out of range
+    raises ``ValueError``; a traced one is checked only with ``jit_checks`` (otherwise δ ≤ 0
+    filters whenever D̂ > 0 and NaN never filters, like ∞). Metrics add
+    ``tv_filter_estimate`` (D̂ as compared with δ), ``filter_on`` (D̂ above threshold),
+    ``mask_fraction`` and ``backward_ratio_mean`` (mean π_T/β, the backward-lag weight).
     """
+    if delta is not None:
+        check_in_range("delta", delta, 0.0, math.inf, low_inclusive=False, jit_checks=jit_checks)
     mask = check_per_token([log_probs, learner_start_log_probs, behaviour_log_probs, advantages], mask)
     reference = learner_start_log_probs if config.reference == "learner_start" else behaviour_log_probs
     log_ratio, advantages, mask = _prepare(log_probs, reference, advantages, mask)

@@ -3,7 +3,11 @@
 The safetensors format is read directly (8-byte little-endian header size, JSON header of
 `name -> {dtype, shape, data_offsets}`, raw little-endian bytes), with `ml_dtypes` for
 bfloat16, so real bf16 checkpoints load without torch. Sharded checkpoints are found through
-`model.safetensors.index.json`.
+`model.safetensors.index.json`. Every malformed file (truncated, bad header, unknown dtype,
+offsets outside the data or inconsistent with shape × dtype, a tensor missing or of the wrong
+shape) and every config.json type error raises
+:class:`~fresh_rl.sweep.checkpoint.CheckpointError` (a ``ValueError``) naming the file and the
+tensor or field.
 
 Name mapping (HF -> ours; HF Linear weights are `[out, in]`, Flax Dense kernels `[in, out]`):
   model.embed_tokens.weight                      -> embed_tokens/embedding
@@ -16,6 +20,7 @@ Name mapping (HF -> ours; HF Linear weights are `[out, in]`, Flax Dense kernels 
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 
@@ -24,28 +29,80 @@ import ml_dtypes
 import numpy as np
 
 from fresh_rl.llm.model import Qwen2Config, init_params
+from fresh_rl.sweep.checkpoint import CheckpointError
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
            "F64": np.float64, "I64": np.int64, "I32": np.int32}
 _DTYPE_NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
 
 
+def _read_json(path: str, what: str):
+    """The parsed JSON file ``path``; ``CheckpointError`` naming it if unreadable."""
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{path}: cannot read the {what}: {err}") from err
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _tensor_entry(path: str, name: str, info, data_size: int) -> tuple[type, list[int], int, int]:
+    """(dtype, shape, start, end) of one header entry, checked against the data section."""
+    where = f"{path}: tensor {name!r}"
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{where}: header entry must be an object, got {info!r}")
+    for field in ("dtype", "shape", "data_offsets"):
+        if field not in info:
+            raise CheckpointError(f"{where}: header entry lacks {field!r}")
+    dtype, shape, offsets = info["dtype"], info["shape"], info["data_offsets"]
+    if dtype not in _DTYPES:
+        raise CheckpointError(f"{where} has unsupported dtype {dtype!r}; supported: {sorted(_DTYPES)}")
+    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        raise CheckpointError(f"{where}: shape must be a list of integers >= 0, got {shape!r}")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_int(o) for o in offsets)
+            and 0 <= offsets[0] <= offsets[1] <= data_size):
+        raise CheckpointError(f"{where}: data_offsets must be [start, end] with 0 <= start <= end <= "
+                              f"{data_size} (the data section's bytes), got {offsets!r}")
+    start, end = offsets
+    needed = math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize
+    if end - start != needed:
+        raise CheckpointError(f"{where}: data_offsets {offsets} hold {end - start} bytes, shape "
+                              f"{shape} of {dtype} needs {needed}")
+    return _DTYPES[dtype], shape, start, end
+
+
 def read_safetensors(path: str) -> dict[str, np.ndarray]:
-    """Reads every tensor of one .safetensors file into numpy arrays."""
-    with open(path, "rb") as f:
-        (header_size,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(header_size))
-        data = f.read()
+    """Reads every tensor of one .safetensors file into numpy arrays (``CheckpointError``
+    naming the file and tensor if it is malformed)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot read the safetensors file: {err}") from err
+    if len(raw) < 8:
+        raise CheckpointError(f"{path}: truncated: {len(raw)} bytes, shorter than the 8-byte "
+                              "header length of a safetensors file")
+    (header_size,) = struct.unpack("<Q", raw[:8])
+    if header_size > len(raw) - 8:
+        raise CheckpointError(f"{path}: header length {header_size} exceeds the file "
+                              f"({len(raw)} bytes): truncated or not a safetensors file")
+    try:
+        header = json.loads(raw[8:8 + header_size])
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CheckpointError(f"{path}: the safetensors header is not valid JSON: {err}") from err
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: the safetensors header must be a JSON object, got "
+                              f"{type(header).__name__}")
+    data = memoryview(raw)[8 + header_size:]
     tensors = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        if info["dtype"] not in _DTYPES:
-            raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']!r}; "
-                             f"supported: {sorted(_DTYPES)}")
-        start, end = info["data_offsets"]
-        array = np.frombuffer(data[start:end], dtype=_DTYPES[info["dtype"]])
-        tensors[name] = array.reshape(info["shape"])
+        dtype, shape, start, end = _tensor_entry(path, name, info, len(data))
+        tensors[name] = np.frombuffer(data[start:end], dtype=dtype).reshape(shape)
     return tensors
 
 
@@ -67,30 +124,50 @@ def write_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
         f.writelines(chunks)
 
 
-def config_from_hf(hf: dict) -> Qwen2Config:
-    """Builds a Qwen2Config from a parsed HF config.json; rejects features we do not implement."""
-    if hf.get("model_type", "qwen2") != "qwen2":
-        raise ValueError(f"config.json model_type must be 'qwen2', got {hf.get('model_type')!r}")
-    if hf.get("use_sliding_window", False):
-        raise ValueError("config.json use_sliding_window=true is not supported (Qwen2.5 "
-                         "checkpoints ship with false)")
+_CONFIG_INTS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                "num_attention_heads", "num_key_value_heads", "max_position_embeddings")
+
+
+def config_from_hf(hf: dict, source: str = "config.json") -> Qwen2Config:
+    """Builds a Qwen2Config from a parsed HF config.json; rejects features we do not implement.
+
+    Malformed input raises ``CheckpointError`` naming ``source`` (the file) and the field."""
+    def fail(message):
+        raise CheckpointError(f"{source}: {message}")
+
+    def field(name, kinds, default, what):  # null = absent, as transformers writes it
+        value = default if hf.get(name) is None else hf[name]
+        if not isinstance(value, kinds) or (kinds != bool and isinstance(value, bool)):
+            fail(f"{name!r} must be {what}, got {value!r}")
+        return value
+
+    if not isinstance(hf, dict):
+        fail(f"must hold a JSON object, got {type(hf).__name__}")
+    if field("model_type", str, "qwen2", "a string") != "qwen2":
+        fail(f"model_type must be 'qwen2', got {hf.get('model_type')!r}")
+    if field("use_sliding_window", bool, False, "true or false"):
+        fail("use_sliding_window=true is not supported (Qwen2.5 checkpoints ship with false)")
     # transformers < 5 writes rope_theta (+ rope_scaling); >= 5 writes rope_parameters.
-    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    rope_key = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+    rope = field(rope_key, dict, {}, "an object") if hf.get(rope_key) else {}
     if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise ValueError(f"config.json RoPE scaling {rope!r} is not supported (default only)")
-    rope_theta = float(hf.get("rope_theta", rope.get("rope_theta", 10000.0)))
-    fields = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-              "num_attention_heads", "num_key_value_heads", "max_position_embeddings")
-    missing = [f for f in fields if f not in hf]
+        fail(f"RoPE scaling {rope!r} is not supported (default only)")
+    missing = [f for f in _CONFIG_INTS if f not in hf]
     if missing:
-        raise ValueError(f"config.json lacks required fields {missing}")
-    head_dim = hf.get("head_dim", hf["hidden_size"] // hf["num_attention_heads"])
-    if head_dim * hf["num_attention_heads"] != hf["hidden_size"]:
-        raise ValueError(f"config.json head_dim={head_dim} != hidden_size/num_attention_heads")
-    return Qwen2Config(**{f: int(hf[f]) for f in fields},
-                       rope_theta=rope_theta,
-                       rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-                       tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)))
+        fail(f"lacks required fields {missing}")
+    ints = {f: field(f, int, None, "an integer") for f in _CONFIG_INTS}
+    rope_theta = field("rope_theta", (int, float), rope.get("rope_theta", 10000.0), "a number")
+    rms_norm_eps = field("rms_norm_eps", (int, float), 1e-6, "a number")
+    tie_word_embeddings = field("tie_word_embeddings", bool, False, "true or false")
+    try:
+        config = Qwen2Config(**ints, rope_theta=float(rope_theta), rms_norm_eps=float(rms_norm_eps),
+                             tie_word_embeddings=tie_word_embeddings)
+    except ValueError as err:
+        fail(str(err))
+    head_dim = field("head_dim", int, config.head_dim, "an integer")
+    if head_dim != config.head_dim:
+        fail(f"head_dim={head_dim} != hidden_size/num_attention_heads = {config.head_dim}")
+    return config
 
 
 def _hf_to_ours(config: Qwen2Config) -> dict[str, tuple[tuple[str, ...], bool]]:
@@ -119,26 +196,27 @@ def _expected_shapes(config: Qwen2Config) -> dict[tuple[str, ...], tuple[int, ..
 
 
 def params_from_hf_tensors(tensors: dict[str, np.ndarray], config: Qwen2Config,
-                           dtype=np.float32) -> dict:
-    """Maps HF-named tensors to our nested parameter dict; checks names and shapes."""
+                           dtype=np.float32, source: str = "checkpoint") -> dict:
+    """Maps HF-named tensors to our nested parameter dict; checks names and shapes
+    (``CheckpointError`` naming ``source``, the checkpoint's path, and the tensor)."""
     table = _hf_to_ours(config)
     expected = _expected_shapes(config)
     ignored = {"lm_head.weight"} if config.tie_word_embeddings else set()
     unknown = sorted(set(tensors) - set(table) - ignored)
     if unknown:
-        raise ValueError(f"checkpoint has tensors this Qwen2Config does not use: {unknown[:5]}"
-                         f"{' ...' if len(unknown) > 5 else ''}")
+        raise CheckpointError(f"{source} has tensors this Qwen2Config does not use: {unknown[:5]}"
+                              f"{' ...' if len(unknown) > 5 else ''}")
     missing = sorted(set(table) - set(tensors))
     if missing:
-        raise ValueError(f"checkpoint lacks tensors: {missing[:5]}"
-                         f"{' ...' if len(missing) > 5 else ''}")
+        raise CheckpointError(f"{source} lacks tensors: {missing[:5]}"
+                              f"{' ...' if len(missing) > 5 else ''}")
     params: dict = {}
     for hf_name, (path, transpose) in table.items():
         array = np.asarray(tensors[hf_name])
         if transpose:
             array = array.T
         if array.shape != expected[path]:
-            raise ValueError(f"checkpoint tensor {hf_name!r} has shape "
+            raise CheckpointError(f"{source}: tensor {hf_name!r} has shape "
                              f"{tuple(tensors[hf_name].shape)}, the config expects "
                              f"{expected[path][::-1] if transpose else expected[path]}")
         node = params
@@ -161,16 +239,21 @@ def params_to_hf_tensors(params: dict, config: Qwen2Config) -> dict[str, np.ndar
 
 
 def load_hf_checkpoint(directory: str, dtype=np.float32) -> tuple[Qwen2Config, dict]:
-    """Loads `directory/config.json` and its safetensors (single file or sharded index)."""
-    with open(os.path.join(directory, "config.json")) as f:
-        config = config_from_hf(json.load(f))
+    """Loads `directory/config.json` and its safetensors (single file or sharded index);
+    ``CheckpointError`` naming the file and field or tensor if anything is malformed."""
+    config_path = os.path.join(directory, "config.json")
+    config = config_from_hf(_read_json(config_path, "model config"), config_path)
     index_path = os.path.join(directory, "model.safetensors.index.json")
     if os.path.exists(index_path):
-        with open(index_path) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
+        weight_map = _read_json(index_path, "shard index")
+        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise CheckpointError(f"{index_path}: 'weight_map' must map tensor names to file names")
+        files = sorted(set(weight_map.values()))
     else:
         files = ["model.safetensors"]
     tensors = {}
     for name in files:
         tensors.update(read_safetensors(os.path.join(directory, name)))
-    return config, params_from_hf_tensors(tensors, config, dtype)
+    source = os.path.join(directory, files[0]) if len(files) == 1 else directory
+    return config, params_from_hf_tensors(tensors, config, dtype, source)

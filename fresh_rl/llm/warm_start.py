@@ -113,10 +113,17 @@ def save_params(directory: str, params) -> None:
 
 
 def restore_params(directory: str, model_config: Qwen2Config):
-    """Restores parameters saved by `save_params` for `model_config`."""
+    """Restores parameters saved by `save_params` for `model_config`; ``CheckpointError``
+    naming `directory` if it is missing, unreadable or holds another model's parameters."""
     import orbax.checkpoint as ocp
+
+    from fresh_rl.sweep.checkpoint import CheckpointError
     target = jax.eval_shape(lambda: init_params(model_config, jax.random.PRNGKey(0)))
-    return ocp.StandardCheckpointer().restore(os.path.abspath(directory), target)
+    try:
+        return ocp.StandardCheckpointer().restore(os.path.abspath(directory), target)
+    except Exception as err:  # orbax raises many types for unreadable files
+        raise CheckpointError(f"parameter checkpoint {directory} is unreadable or does not match "
+                              f"this model config: {type(err).__name__}: {err}") from err
 
 
 def warm_start(model_config: Qwen2Config, tasks: dict[str, Any], config: WarmStartConfig,

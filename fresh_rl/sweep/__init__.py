@@ -3,7 +3,9 @@
 * :mod:`.keys` — the seed → key schedule of every run (:func:`seed_key`, :func:`split_run_key`,
   :func:`step_key`).
 * :mod:`.grid` — :func:`product_grid`, :func:`run_sharded` (one vmapped program, grid axis
-  sharded over a ``("grid",)`` mesh, chunked), :func:`to_host`, :func:`initialize_distributed`.
+  sharded over a ``("grid",)`` mesh, chunked, resumable per chunk), :func:`to_host`.
+* :mod:`.distributed` — :func:`initialize_distributed`, :func:`launch_local`: one grid over
+  several processes (one machine, TPU pod slices, SLURM jobs).
 * :mod:`.loop` — :func:`run_loop`, the host loop of every trainer (chunked scans or per-step
   calls, seed axis over the devices, checkpoint/resume).
 * :mod:`.checkpoint` — :class:`RunCheckpointer` (orbax, verified by checksum) and
@@ -12,7 +14,9 @@
 * :mod:`.lock` — :func:`output_lock`, one writer per output folder.
 """
 from fresh_rl.sweep.checkpoint import CheckpointError, RunCheckpointer, RunIdentityError, progress_printer
-from fresh_rl.sweep.grid import Grid, grid_mesh, initialize_distributed, product_grid, run_sharded, to_host
+from fresh_rl.sweep.distributed import (DistributedSetupError, LaunchError, initialize_distributed, is_primary,
+                                        launch_local)
+from fresh_rl.sweep.grid import Grid, grid_mesh, product_grid, run_sharded, to_host
 from fresh_rl.sweep.integrity import NonFiniteError, nonfinite_cells, tree_checksum
 from fresh_rl.sweep.keys import seed_key, seed_keys, split_run_key, step_key, step_keys
 from fresh_rl.sweep.lock import FolderLockedError, output_lock
@@ -20,13 +24,17 @@ from fresh_rl.sweep.loop import run_loop
 
 __all__ = [
     "CheckpointError",
+    "DistributedSetupError",
     "FolderLockedError",
     "Grid",
+    "LaunchError",
     "NonFiniteError",
     "RunCheckpointer",
     "RunIdentityError",
     "grid_mesh",
     "initialize_distributed",
+    "is_primary",
+    "launch_local",
     "nonfinite_cells",
     "output_lock",
     "product_grid",

@@ -106,6 +106,25 @@ class RunCheckpointer:
                                   "checksum recorded when it was written")
         return tree
 
+    def _move_aside(self, bad: list, good_step: int) -> None:
+        """Rename failed checkpoints to ``<step>.corrupt`` (process 0 of a multi-process run)."""
+        import jax
+        from jax.experimental import multihost_utils
+
+        for bad_step, err in bad:
+            aside = self.directory / f"{bad_step}.corrupt"
+            for copy in range(1, 1000):
+                if not aside.exists():
+                    break
+                aside = self.directory / f"{bad_step}.corrupt{copy}"
+            if jax.process_index() == 0:
+                (self.directory / str(bad_step)).rename(aside)
+            warnings.warn(f"{err}\nskipped it (moved to {aside}); resuming from the newest good "
+                          f"checkpoint, step {good_step}", stacklevel=3)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices("fresh_rl checkpoint fallback")
+        self._manager.reload()  # the manager caches its step list
+
     def restore_latest(self, abstract_tree, fallback: bool = True) -> Optional[tuple[int, Any]]:
         """``(step, tree)`` of the newest good checkpoint, or ``None`` if there is none.
 
@@ -127,17 +146,8 @@ class RunCheckpointer:
                                           "restore_latest(..., fallback=True) uses the newest good one)") from err
                 bad.append((step, err))
                 continue
-            for bad_step, err in bad:
-                aside = self.directory / f"{bad_step}.corrupt"
-                for copy in range(1, 1000):
-                    if not aside.exists():
-                        break
-                    aside = self.directory / f"{bad_step}.corrupt{copy}"
-                (self.directory / str(bad_step)).rename(aside)
-                warnings.warn(f"{err}\nskipped it (moved to {aside}); resuming from the newest good "
-                              f"checkpoint, step {step}", stacklevel=2)
-            if bad:  # the manager caches its step list
-                self._manager.reload()
+            if bad:
+                self._move_aside(bad, step)
             return step, tree
         if bad:
             raise CheckpointError(f"no usable checkpoint in {self.directory}:\n"

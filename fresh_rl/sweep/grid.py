@@ -11,16 +11,16 @@ schedule of :mod:`fresh_rl.sweep.keys`), independent of the device count, the ch
 other hyperparameters, so sharded, chunked and plain runs of the same grid give the same numbers
 (tested on 8 simulated CPU devices), and seed 3 of a sweep equals ``fresh-rl train --seed 3``.
 
-Multi-host: call :func:`initialize_distributed` first on every host; the mesh then spans
-``jax.devices()`` of all processes, each process feeds its addressable shards, and
-:func:`to_host` gathers the full result on every host.
+Multi-process: call :func:`~fresh_rl.sweep.distributed.initialize_distributed` first in every
+process; the mesh then spans ``jax.devices()`` of all processes, each process feeds its
+addressable shards, and :func:`to_host` gathers the full result on every process
+(docs/sweeps.md, "Several processes").
 """
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import math
-import os
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax
@@ -84,26 +84,33 @@ def grid_mesh(devices: Optional[Sequence[jax.Device]] = None) -> Mesh:
 
 def _pad(tree, size: int):
     def pad(x):
-        x = jnp.asarray(x)
+        x = np.asarray(x)  # host values: every process feeds its own shards of the global array
         extra = size - x.shape[0]
-        return x if extra == 0 else jnp.concatenate([x, jnp.repeat(x[-1:], extra, axis=0)])
+        return x if extra == 0 else np.concatenate([x, np.repeat(x[-1:], extra, axis=0)])
     return jax.tree.map(pad, tree)
 
 
 def run_sharded(fn: Callable[..., Any], *grid_args, mesh: Optional[Mesh] = None,
-                chunk_size: Optional[int] = None) -> Any:
+                chunk_size: Optional[int] = None, pad: bool = True, checkpointer=None) -> Any:
     """``vmap(fn)`` over the leading (grid) axis of ``grid_args``, sharded over ``mesh``.
 
     Args:
       fn: per-point function ``fn(*point_args) -> pytree``; every leaf of ``grid_args`` has the
         grid axis first. Static settings belong in ``fn``'s closure (e.g.
         ``functools.partial(train, config)``).
-      mesh: default :func:`grid_mesh` over all devices.
+      mesh: default :func:`grid_mesh` over all devices (of every process after
+        :func:`~fresh_rl.sweep.distributed.initialize_distributed`).
       chunk_size: points per program call (default: the whole grid); rounded up to a multiple
         of the device count. Chunks reuse one compiled program.
+      pad: fill the last chunk (or a grid smaller than the device count) with copies of the
+        last point; ``False`` makes a chunk that does not divide over the devices an error.
+      checkpointer: a :class:`~fresh_rl.sweep.checkpoint.RunCheckpointer`: the gathered outputs
+        are saved after every chunk and a rerun continues after the last saved chunk (its
+        fingerprint must name the grid and everything in ``fn``). All processes call it.
     Returns:
       The stacked outputs, each leaf a global ``jax.Array`` with the grid axis sharded over the
-      mesh (one chunk) or concatenated on the host's default device (several chunks).
+      mesh (one chunk) or concatenated on the host's default device (several chunks); NumPy
+      arrays gathered on every process when checkpointing.
     """
     mesh = grid_mesh() if mesh is None else mesh
     num_devices = mesh.devices.size
@@ -114,35 +121,53 @@ def run_sharded(fn: Callable[..., Any], *grid_args, mesh: Optional[Mesh] = None,
     if chunk_size is not None:
         require_int("chunk_size", chunk_size, 1)
     chunk = n if chunk_size is None else min(chunk_size, n)
+    if not pad and (chunk % num_devices or n % chunk):
+        raise ValueError(f"with pad=False every chunk must divide over the {num_devices} devices: the grid has "
+                         f"{n} points in chunks of {chunk} (chunk_size={chunk_size}); choose a grid or chunk_size "
+                         f"that is a multiple of {num_devices}, or pad=True")
     chunk = math.ceil(chunk / num_devices) * num_devices
     sharding = NamedSharding(mesh, PartitionSpec(GRID_AXIS))
     program = jax.jit(jax.vmap(fn), out_shardings=sharding)
-    outputs = []
-    for start in range(0, n, chunk):
-        part = jax.tree.map(lambda x: x[start:start + chunk], grid_args)
-        part = _pad(part, chunk)
-        part = jax.tree.map(lambda x: jax.device_put(x, sharding), part)
+
+    def run_chunk(start):
+        part = jax.tree.map(lambda x: jax.device_put(x, sharding),
+                            _pad(jax.tree.map(lambda x: x[start:start + chunk], grid_args), chunk))
         out = program(*part)
         keep = min(chunk, n - start)
-        outputs.append(out if keep == chunk else jax.tree.map(lambda x: x[:keep], out))
+        return out if keep == chunk else jax.tree.map(lambda x: x[:keep], out)
+
+    if checkpointer is not None:
+        return _run_chunks_checkpointed(run_chunk, program, grid_args, n, chunk, checkpointer)
+    outputs = [run_chunk(start) for start in range(0, n, chunk)]
     if len(outputs) == 1:
         return outputs[0]
     return jax.tree.map(lambda *xs: jnp.concatenate([multihost_utils.process_allgather(x, tiled=True)
                                                      for x in xs]), *outputs)
 
 
+def _run_chunks_checkpointed(run_chunk, program, grid_args, n, chunk, checkpointer):
+    """Chunks in order, the gathered outputs saved after each; resumes after the last saved."""
+    shapes = jax.eval_shape(program, *jax.tree.map(lambda x: jax.ShapeDtypeStruct((chunk,) + x.shape[1:],
+                                                                                    x.dtype), grid_args))
+    abstract = {"outputs": jax.tree.map(lambda s: jax.ShapeDtypeStruct((n,) + s.shape[1:], s.dtype), shapes),
+                "points_done": jax.ShapeDtypeStruct((), np.int32)}
+    restored = checkpointer.restore_latest(abstract)
+    if restored is None:
+        tree = {"outputs": jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), abstract["outputs"]),
+                "points_done": np.int32(0)}
+    else:
+        tree = jax.tree.map(np.array, restored[1])
+    for index, start in enumerate(range(0, n, chunk)):
+        if start < int(tree["points_done"]):
+            continue
+        out = to_host(run_chunk(start))
+        for target, value in zip(jax.tree.leaves(tree["outputs"]), jax.tree.leaves(out)):
+            target[start:start + value.shape[0]] = value
+        tree["points_done"] = np.int32(min(n, start + chunk))
+        checkpointer.save(index + 1, tree)
+    return tree["outputs"]
+
+
 def to_host(tree) -> Any:
     """Gather a (possibly multi-host sharded) result pytree into NumPy arrays on every host."""
     return jax.tree.map(lambda x: np.asarray(multihost_utils.process_allgather(x, tiled=True)), tree)
-
-
-def initialize_distributed() -> bool:
-    """``jax.distributed.initialize()`` when a coordinator is configured (multi-host runs).
-
-    Reads the standard ``JAX_COORDINATOR_ADDRESS`` / ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``
-    environment (or a cluster auto-detected by JAX); returns whether it initialised.
-    """
-    if not os.environ.get("JAX_COORDINATOR_ADDRESS"):
-        return False
-    jax.distributed.initialize()
-    return True

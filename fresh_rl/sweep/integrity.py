@@ -4,11 +4,11 @@
   recorded with each checkpoint when it is written and recomputed when it is restored, so a
   flipped byte on disk is detected even where the file format itself decodes it silently.
 * :func:`first_nonfinite_metric` / :func:`first_nonfinite_leaf` — the guard of
-  :func:`fresh_rl.sweep.run_loop`: a metric (loss, gradient norm, return, …) that is NaN or
-  ±inf, a NaN anywhere in the state, or ±inf in a parameter or optimiser leaf (a path
-  containing ``params`` or ``opt_state``) stops the run with :class:`NonFiniteError`.
-  Infinity elsewhere in a state is allowed: replay trees use ±inf as the neutral element of
-  their min nodes.
+  :func:`fresh_rl.sweep.run_loop`: one rule for metrics and state leaves alike: NaN anywhere,
+  or ±inf in anything whose name contains ``params``, ``opt_state``, ``loss`` or ``grad``
+  (parameters, optimiser moments, losses, gradient norms), stops the run with
+  :class:`NonFiniteError`. Infinity elsewhere is a legitimate value: a replay tree's empty
+  min-nodes, FreshPER's τ = ∞ (no decay) reported as a metric.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-INF_FORBIDDEN_IN = ("params", "opt_state")
+INF_FORBIDDEN_IN = ("params", "opt_state", "loss", "grad")
 
 
 class NonFiniteError(FloatingPointError):
@@ -47,11 +47,19 @@ def tree_checksum(tree) -> str:
     return digest.hexdigest()
 
 
-def _bad_fraction(leaf: np.ndarray, allow_inf: bool) -> Optional[str]:
+def _inf_allowed(name: str) -> bool:
+    return not any(part in name for part in INF_FORBIDDEN_IN)
+
+
+def _bad(values: np.ndarray, name: str) -> np.ndarray:
+    return np.isnan(values) if _inf_allowed(name) else ~np.isfinite(values)
+
+
+def _bad_fraction(leaf: np.ndarray, name: str) -> Optional[str]:
     if not np.issubdtype(leaf.dtype, np.inexact) and leaf.dtype.name != "bfloat16":
         return None
     values = np.asarray(leaf, np.float32) if leaf.dtype.name == "bfloat16" else leaf
-    bad = np.isnan(values) if allow_inf else ~np.isfinite(values)
+    bad = _bad(values, name)
     if not bad.any():
         return None
     kind = "NaN" if np.isnan(values).any() else "inf"
@@ -59,11 +67,9 @@ def _bad_fraction(leaf: np.ndarray, allow_inf: bool) -> Optional[str]:
 
 
 def first_nonfinite_leaf(tree) -> Optional[str]:
-    """``"path: k of n values NaN"`` for the first leaf breaking the guard's rule, else ``None``
-    (NaN anywhere; ±inf only under ``params``/``opt_state`` paths)."""
+    """``"path: k of n values NaN"`` for the first leaf breaking the guard's rule, else ``None``."""
     for path, leaf in _host_leaves(tree):
-        allow_inf = not any(name in path for name in INF_FORBIDDEN_IN)
-        problem = _bad_fraction(leaf, allow_inf)
+        problem = _bad_fraction(leaf, path)
         if problem is not None:
             return f"{path or '<root>'}: {problem}"
     return None
@@ -76,23 +82,22 @@ def tree_is_finite(tree) -> jax.Array:
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
         if not jnp.issubdtype(leaf.dtype, jnp.inexact):
             continue
-        name = jax.tree_util.keystr(path)
-        if any(part in name for part in INF_FORBIDDEN_IN):
-            ok &= jnp.all(jnp.isfinite(leaf))
-        else:
+        if _inf_allowed(jax.tree_util.keystr(path)):
             ok &= ~jnp.any(jnp.isnan(leaf))
+        else:
+            ok &= jnp.all(jnp.isfinite(leaf))
     return ok
 
 
 def first_nonfinite_metric(metrics: Mapping[str, Any], first_step: int,
                            num_seed_axes: int = 0) -> Optional[tuple[int, str, tuple, float]]:
-    """``(step, metric, seed_index, value)`` of the earliest NaN/±inf in ``metrics``
+    """``(step, metric, seed_index, value)`` of the earliest value breaking the rule in ``metrics``
     (arrays ``[*seed_axes, n]`` holding steps ``first_step … first_step + n − 1``), or ``None``.
     Ties at one step go to the first metric in ``metrics``' order."""
     found = None
     for name, value in metrics.items():
         value = np.asarray(value)
-        bad = ~np.isfinite(value)
+        bad = _bad(value, name)
         if not bad.any():
             continue
         step = int(np.argmax(bad.reshape(-1, value.shape[-1]).any(0)))
@@ -107,7 +112,7 @@ def nonfinite_cells(metrics: Mapping[str, Any]) -> dict[int, tuple[int, str]]:
     metrics ``[cells, steps]`` (a :func:`fresh_rl.sweep.run_sharded` sweep's output)."""
     cells: dict[int, tuple[int, str]] = {}
     for name, value in metrics.items():
-        bad = ~np.isfinite(np.asarray(value))
+        bad = _bad(np.asarray(value), name)
         bad = bad.reshape(bad.shape[0], -1, bad.shape[-1]).any(1)
         for cell in np.flatnonzero(bad.any(1)):
             step = int(np.argmax(bad[cell]))

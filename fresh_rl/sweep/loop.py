@@ -30,6 +30,7 @@ applied ``num_steps`` times, step ``i`` receiving ``step_key(key_loop, i)``
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Callable, Optional
 
@@ -90,7 +91,7 @@ def run_loop(
         raise ValueError(f"key_loop must be a [..., 2] uint32 key array, got shape {key_loop.shape}")
     if checkpointer is None:
         return _run(step_fn, state, key_loop, num_steps, steps_per_call, None, checkpoint_every, log, on_progress)
-    with output_lock(checkpointer.directory):
+    with output_lock(checkpointer.directory) if jax.process_index() == 0 else contextlib.nullcontext():
         return _run(step_fn, state, key_loop, num_steps, steps_per_call, checkpointer, checkpoint_every,
                     log, on_progress)
 

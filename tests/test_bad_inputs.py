@@ -1,0 +1,369 @@
+"""Bad input gets a clear error naming the option, field, file or tensor, before any work.
+
+One table of cases: (id, run, exception type, regex the message must match). CLI cases call
+``fresh_rl.cli.main`` in-process (argparse errors go to stderr, validation errors into the
+``SystemExit``) with ``--out`` under ``tmp_path``, and check that the folder was not created:
+the input is rejected before anything is computed or compiled. Python API cases build their
+files (malformed safetensors, config.json) under ``tmp_path``.
+"""
+import json
+import math
+import os
+import re
+import shutil
+import struct
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import checkify
+
+from fresh_rl import cli
+from fresh_rl.control import HyperParams, Method, TrainConfig, train
+from fresh_rl.corrections import ppo_kl_loss, vaco_policy_loss
+from fresh_rl.lag import DelayConfig
+from fresh_rl.llm.async_pipeline import AsyncConfig
+from fresh_rl.llm.checkpoint import config_from_hf, load_hf_checkpoint, read_safetensors, write_safetensors
+from fresh_rl.llm.hparams import LLMHyperParams
+from fresh_rl.llm.model import preset
+from fresh_rl.sweep.checkpoint import CheckpointError
+from fresh_rl.validation import require_output_dir
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_tiny")
+TINY = ["--num_envs", "4", "--rollout_length", "8", "--num_minibatches", "2", "--hidden_sizes", "8",
+        "--total_env_steps", "160"]  # 5 iterations
+
+
+class Case(NamedTuple):
+    id: str
+    run: Callable[[Any], Any]  # run(tmp_path) raises
+    error: type
+    pattern: str
+
+
+def cli_case(id, argv, pattern, error=SystemExit):
+    """``fresh-rl *argv`` (``{tmp}`` → tmp_path, which holds a plain file ``file``;
+    ``--out {tmp}/out`` unless given)."""
+    def run(tmp):
+        _file(tmp)
+        args = [a.replace("{tmp}", str(tmp)) for a in argv]
+        if "--out" not in args:
+            args += ["--out", str(tmp / "out")]
+        # keep the session's compilation cache (main points JAX's cache at this folder)
+        cli.main(args + ["--compilation-cache-dir", jax.config.jax_compilation_cache_dir])
+    return Case(id, run, error, pattern)
+
+
+def api_case(id, fn, pattern, error=ValueError):
+    return Case(id, fn, error, pattern)
+
+
+# ----------------------------------------------------------------------------- file builders
+
+
+def _safetensors(tmp, header=None, data=b"\0" * 8, raw_header=None, size=None):
+    """A .safetensors file with ``header`` (JSON) or ``raw_header`` bytes; ``size`` overrides
+    the header-length field. Returns its path."""
+    body = raw_header if raw_header is not None else json.dumps(header).encode()
+    path = tmp / "model.safetensors"
+    path.write_bytes(struct.pack("<Q", len(body) if size is None else size) + body + data)
+    return str(path)
+
+
+def _raw_file(tmp, content: bytes) -> str:
+    (tmp / "model.safetensors").write_bytes(content)
+    return str(tmp / "model.safetensors")
+
+
+def _entry(**overrides):
+    return {"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8], **overrides}}
+
+
+def _checkpoint(tmp, config=None, tensors=None, truncate=None):
+    """A copy of the tiny Qwen2 fixture with config.json fields replaced (``config``: dict
+    update, or any JSON value replacing the whole file), tensors edited by ``tensors(dict)``
+    or the safetensors file cut to ``truncate`` bytes. Returns the folder."""
+    folder = tmp / "ckpt"
+    shutil.copytree(FIXTURE, folder)
+    if config is not None:
+        hf = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**hf, **config} if isinstance(config, dict) else config))
+    weights = folder / "model.safetensors"
+    if tensors is not None:
+        edited = dict(read_safetensors(str(weights)))
+        tensors(edited)
+        write_safetensors(str(weights), edited)
+    if truncate is not None:
+        weights.write_bytes(weights.read_bytes()[:truncate])
+    return str(folder)
+
+
+def _load(**kwargs):
+    return lambda tmp: load_hf_checkpoint(_checkpoint(tmp, **kwargs))
+
+
+def _hf_config(**fields):
+    hf = json.loads(open(os.path.join(FIXTURE, "config.json")).read())
+    return {k: v for k, v in {**hf, **fields}.items() if v is not None}
+
+
+def _validate(config=TrainConfig(), **grid):
+    """``HyperParams.validate`` of a grid over ``grid`` (lists) on ``config``."""
+    HyperParams.from_grid(config, grid, size=1).validate(config)
+
+
+def _vaco(delta, **kwargs):
+    x = jnp.zeros(4)
+    return vaco_policy_loss(x, x, x, x, delta=delta, **kwargs)
+
+
+def _checkified_vaco(delta):
+    err, _ = checkify.checkify(jax.jit(lambda d: _vaco(d, jit_checks=True)[0]))(jnp.float32(delta))
+    err.throw()
+
+
+def _kl(kl_coef):
+    x = jnp.zeros(4)
+    return ppo_kl_loss(x, x, x, kl_coef=kl_coef)
+
+
+def _file(tmp):
+    (tmp / "file").write_text("not a folder")
+    return str(tmp / "file")
+
+
+def _llm_hparams(**overrides):
+    return lambda tmp: LLMHyperParams.from_config(AsyncConfig(staleness_window=4), **overrides)
+
+
+def _restore_garbage(tmp):
+    from fresh_rl.llm.warm_start import restore_params
+
+    (tmp / "params").mkdir()
+    (tmp / "params" / "_METADATA").write_text("{not json")
+    restore_params(str(tmp / "params"), preset("tiny"))
+
+
+def _restore_missing(tmp):
+    from fresh_rl.llm.warm_start import restore_params
+
+    restore_params(str(tmp / "nothing_here"), preset("tiny"))
+
+
+ST = r"model\.safetensors"  # every safetensors error names the file
+CASES = [
+    # --- CLI: option types and ranges (argparse, stderr) -----------------------------------
+    cli_case("num_envs-not-int", ["train", "--num_envs", "abc"], r"--num_envs expects an integer, got 'abc'"),
+    cli_case("num_envs-fraction", ["train", "--num_envs", "1.5"], r"--num_envs expects an integer, got '1.5'"),
+    cli_case("learning_rate-not-number", ["train", "--learning_rate", "fast"],
+             r"--learning_rate expects a number, got 'fast'"),
+    cli_case("init_log_std-nan", ["train", "--env_name", "Pendulum-v1", "--init_log_std", "nan"],
+             r"--init_log_std expects a number, got 'nan'"),
+    cli_case("hidden_sizes-item", ["train", "--hidden_sizes", "64,a"], r"--hidden_sizes expects comma-separated"),
+    cli_case("bool-option", ["train", "--normalize_obs", "maybe"], r"--normalize_obs expects true or false"),
+    cli_case("kl_adaptive-negative", ["train", "--kl_adaptive", "-1"], r"--kl_adaptive target must be in"),
+    cli_case("method-unknown", ["train", "--method", "trpo"], r"method must be one of"),
+    cli_case("seed-huge", ["train", "--seed", "99999999999999999999"],
+             r"--seed expects an integer in \[0, 2147483647\], got '99999999999999999999'"),
+    cli_case("seed-negative", ["train", "--seed", "-1"], r"--seed expects an integer in \[0, 2147483647\]"),
+    cli_case("sweep-seed-huge", ["sweep", "--seed", "99999999999999999999"], r"--seed expects an integer in"),
+    cli_case("sweep-last-seed-out-of-range", ["sweep", *TINY, "--seed", "2147483647", "--seeds", "2"],
+             r"--seed \+ --seeds - 1 \(the last seed\) must be in \[0, 2147483647\], got 2147483648"),
+    cli_case("sweep-seeds-zero", ["sweep", "--seeds", "0"], r"--seeds expects an integer in \[1, inf\)"),
+    cli_case("checkpoint-every-zero", ["train", "--checkpoint-every", "0"],
+             r"--checkpoint-every expects an integer in \[1, inf\), got '0'"),
+    cli_case("checkpoint-every-negative", ["train", "--checkpoint-every", "-3"], r"--checkpoint-every expects"),
+    cli_case("chunk-size-zero", ["sweep", "--chunk-size", "0"], r"--chunk-size expects an integer in \[1, inf\)"),
+    cli_case("lag-negative", ["train", "--lag", "-1"], r"--lag expects an integer in \[0, inf\)"),
+    cli_case("num_envs-zero", ["train", "--num_envs", "0"], r"num_envs must be"),
+    cli_case("gamma-above-one", ["train", "--gamma", "1.5"], r"gamma must be in \[0.0, 1.0\], got 1.5"),
+    # --- CLI: nonsense that used to run (values reach HyperParams.validate) ------------------
+    cli_case("lag-beyond-run", ["train", *TINY, "--lag", "1000000000"],
+             r"lag must be < num_iterations = 5 .*got 1000000000"),
+    cli_case("lag-equal-run-length", ["train", *TINY, "--lag", "5"], r"lag must be < num_iterations = 5"),
+    cli_case("total_env_steps-huge", ["train", "--total_env_steps", "1e12"],
+             r"total_env_steps = 1000000000000 needs about [\d,]+ bytes"),
+    cli_case("num_envs-huge", ["train", "--num_envs", "268435456", "--total_env_steps", "17179869184"],
+             r"num_envs\*rollout_length = 17179869184 needs about [\d,]+ bytes"),
+    cli_case("learning_rate-inf", ["train", "--learning_rate", "inf"], r"learning_rate must be in \(0.0, inf\), got inf"),
+    cli_case("value_coef-inf", ["train", "--value_coef", "inf"], r"value_coef must be in \[0.0, inf\), got inf"),
+    cli_case("learning_rate-zero", ["train", "--learning_rate", "0"], r"learning_rate must be in \(0.0, inf"),
+    # --- CLI: --out ---------------------------------------------------------------------------
+    cli_case("out-empty", ["train", "--out", ""], r"--out must name an output folder, got ''"),
+    cli_case("out-blank", ["sweep", "--out", "  "], r"--out must name an output folder"),
+    cli_case("out-is-file", ["train", "--out", "{tmp}/file"], r"--out '.*/file' is an existing file"),
+    cli_case("sweep-out-is-file", ["sweep", *TINY, "--grid", "lag=0,1", "--out", "{tmp}/file"],
+             r"--out '.*/file' is an existing file"),
+    cli_case("out-under-file", ["train", "--out", "{tmp}/file/run"], r"--out '.*/file/run' lies under the file '.*/file'"),
+    # --- CLI: --grid --------------------------------------------------------------------------
+    cli_case("grid-repeated-field", ["sweep", "--grid", "lag=0", "--grid", "lag=1"],
+             r"--grid lag is given twice \('lag=0' and 'lag=1'\)"),
+    cli_case("grid-repeated-value", ["sweep", "--grid", "lag=0,0"], r"--grid lag lists 0 twice"),
+    cli_case("grid-unknown-field", ["sweep", "--grid", "clip=0.1"], r"--grid takes NAME=v1,v2,… with NAME in"),
+    cli_case("grid-no-values", ["sweep", "--grid", "lag="], r"--grid takes NAME=v1,v2"),
+    cli_case("grid-lag-fraction", ["sweep", "--grid", "lag=0.5"], r"--grid lag expects an integer, got '0.5'"),
+    cli_case("grid-delta-not-number", ["sweep", "--method", "vaco", "--grid", "vaco_delta=0.1,big"],
+             r"--grid vaco_delta expects a number, got 'big'"),
+    cli_case("grid-field-method-ignores", ["sweep", "--grid", "vaco_delta=0.1,0.2"],
+             r"--grid vaco_delta: method 'ppo_clip' does not use it"),
+    cli_case("grid-kl_coef-without-kl", ["sweep", "--method", "vaco", "--grid", "kl_coef=0.1"],
+             r"--grid kl_coef: method 'vaco' does not use it"),
+    cli_case("grid-delta-align-only", ["sweep", "--method", "vaco_align_only", "--grid", "vaco_delta=0.1"],
+             r"--grid vaco_delta: method 'vaco_align_only' does not use it"),
+    cli_case("grid-delta-negative", ["sweep", *TINY, "--method", "vaco", "--grid", "vaco_delta=-1"],
+             r"HyperParams\.vaco_delta must be in \(0\.0, inf\], got -1\.0"),
+    cli_case("grid-delta-zero", ["sweep", *TINY, "--method", "vaco", "--grid", "vaco_delta=0.1,0"],
+             r"HyperParams\.vaco_delta must be in \(0\.0, inf\], got 0\.0"),
+    cli_case("grid-delta-nan", ["sweep", "--method", "vaco", "--grid", "vaco_delta=nan"],
+             r"--grid vaco_delta expects a number, got 'nan'"),
+    cli_case("grid-lag-beyond-run", ["sweep", *TINY, "--grid", "lag=0,1000000000"],
+             r"lag must be < num_iterations = 5 .*got 1000000000"),
+    cli_case("grid-lag-negative", ["sweep", *TINY, "--grid", "lag=-1,0"], r"HyperParams\.lag must be in \[0, "),
+    cli_case("grid-gamma", ["sweep", *TINY, "--grid", "gamma=0.9,1.5"], r"HyperParams\.gamma must be in \[0\.0, 1\.0\], got 1\.5"),
+    cli_case("grid-learning_rate", ["sweep", *TINY, "--grid", "learning_rate=-1e-3"],
+             r"HyperParams\.learning_rate must be in \(0\.0, inf\), got -0\.001"),
+    cli_case("grid-entropy-inf", ["sweep", *TINY, "--grid", "entropy_coef=inf"],
+             r"HyperParams\.entropy_coef must be in \[0\.0, inf\), got inf"),
+    # --- Python API: traced hyperparameters checked on the host ------------------------------
+    api_case("hparams-delta-nan", lambda tmp: _validate(vaco_delta=[math.nan]),
+             r"HyperParams\.vaco_delta must be in \(0\.0, inf\], got nan"),
+    api_case("hparams-kl_coef-negative", lambda tmp: _validate(kl_coef=[-0.5]), r"HyperParams\.kl_coef must be in"),
+    api_case("hparams-value_coef-nan", lambda tmp: _validate(value_coef=[math.nan]), r"HyperParams\.value_coef"),
+    api_case("hparams-lag-run-length", lambda tmp: _validate(TrainConfig(total_env_steps=8 * 64 * 3,
+                                                                         delay=DelayConfig.fixed(0, 9)), lag=[8]),
+             r"HyperParams\.lag must be < num_iterations = 3"),
+    api_case("ring-too-big", lambda tmp: _validate(TrainConfig(delay=DelayConfig.geometric(3.0, 10**9))),
+             r"delay\.ring_size = 1000000000 needs about [\d,]+ bytes .*MAX_ALLOCATION_BYTES"),
+    api_case("train-refuses-before-allocating", lambda tmp: train(TrainConfig(total_env_steps=10**12),
+                                                                  jax.random.PRNGKey(0)),
+             r"total_env_steps = 1000000000000 needs about"),
+    api_case("method-unknown-hyperparameter", lambda tmp: Method("x", lambda *a: None, loss_hyperparams=("delta",)),
+             r"every entry of Method\.loss_hyperparams must be one of .*got 'delta'"),
+    # --- Python API: losses with traced scalars ------------------------------------------------
+    api_case("vaco-delta-negative", lambda tmp: _vaco(-1.0), r"delta must be in \(0\.0, inf\], got -1\.0"),
+    api_case("vaco-delta-nan", lambda tmp: _vaco(math.nan), r"delta must be in \(0\.0, inf\], got nan"),
+    api_case("vaco-delta-zero-array", lambda tmp: _vaco(jnp.zeros(())), r"delta must be in \(0\.0, inf\], got 0\.0"),
+    api_case("vaco-delta-traced-checkify", lambda tmp: _checkified_vaco(-1.0), r"delta must be in \(0\.0, inf\]",
+             error=checkify.JaxRuntimeError),
+    api_case("kl-coef-negative", lambda tmp: _kl(-1.0), r"kl_coef must be in \[0\.0, inf\), got -1\.0"),
+    api_case("kl-coef-nan-array", lambda tmp: _kl(jnp.asarray(math.nan)), r"kl_coef must be in .*got nan"),
+    api_case("llm-window-negative", _llm_hparams(window=-1), r"window must be in \[0, 4\]"),
+    api_case("llm-ewma_beta-nan", _llm_hparams(ewma_beta=math.nan), r"ewma_beta must be in \[0, 1\]"),
+    api_case("llm-reset-threshold", _llm_hparams(ewma_reset_threshold=0.0), r"ewma_reset_threshold must be in \(0, 1\)"),
+    # --- output folder helper -------------------------------------------------------------------
+    api_case("output-dir-file", lambda tmp: require_output_dir("out", _file(tmp)), r"out '.*/file' is an existing file"),
+    api_case("output-dir-under-file", lambda tmp: require_output_dir("out", _file(tmp) + "/a/b"),
+             r"out '.*/file/a/b' lies under the file"),
+    # --- safetensors: every malformed header, offset, dtype, shape names the file and tensor -----
+    api_case("st-empty-file", lambda tmp: read_safetensors(_raw_file(tmp, b"")), ST + r": truncated: 0 bytes",
+             error=CheckpointError),
+    api_case("st-shorter-than-8-bytes", lambda tmp: read_safetensors(_raw_file(tmp, b"\1\2\3")),
+             ST + r": truncated: 3 bytes", error=CheckpointError),
+    api_case("st-empty-header", lambda tmp: read_safetensors(_safetensors(tmp, raw_header=b"", data=b"")),
+             ST + r": the safetensors header is not valid JSON", error=CheckpointError),
+    api_case("st-header-length-beyond-file", lambda tmp: read_safetensors(_safetensors(tmp, _entry(), size=10**15)),
+             ST + r": header length 1000000000000000 exceeds the file", error=CheckpointError),
+    api_case("st-header-not-json", lambda tmp: read_safetensors(_safetensors(tmp, raw_header=b"{not json")),
+             ST + r": the safetensors header is not valid JSON", error=CheckpointError),
+    api_case("st-header-not-utf8", lambda tmp: read_safetensors(_safetensors(tmp, raw_header=b"\xff\xfe{}")),
+             ST + r": the safetensors header is not valid JSON", error=CheckpointError),
+    api_case("st-header-list", lambda tmp: read_safetensors(_safetensors(tmp, [1, 2])),
+             ST + r": the safetensors header must be a JSON object, got list", error=CheckpointError),
+    api_case("st-entry-not-object", lambda tmp: read_safetensors(_safetensors(tmp, {"t": [0, 8]})),
+             ST + r": tensor 't': header entry must be an object", error=CheckpointError),
+    api_case("st-entry-lacks-dtype", lambda tmp: read_safetensors(_safetensors(tmp, {"t": {"shape": [2], "data_offsets": [0, 8]}})),
+             ST + r": tensor 't': header entry lacks 'dtype'", error=CheckpointError),
+    api_case("st-unknown-dtype", lambda tmp: read_safetensors(_safetensors(tmp, _entry(dtype="Q4"))),
+             ST + r": tensor 't' has unsupported dtype 'Q4'", error=CheckpointError),
+    api_case("st-bad-shape", lambda tmp: read_safetensors(_safetensors(tmp, _entry(shape=[-2]))),
+             ST + r": tensor 't': shape must be a list of integers >= 0, got \[-2\]", error=CheckpointError),
+    api_case("st-offsets-beyond-data", lambda tmp: read_safetensors(_safetensors(tmp, _entry(shape=[4], data_offsets=[0, 16]))),
+             ST + r": tensor 't': data_offsets must be .* <= 8 .*got \[0, 16\]", error=CheckpointError),
+    api_case("st-offsets-reversed", lambda tmp: read_safetensors(_safetensors(tmp, _entry(data_offsets=[8, 0]))),
+             ST + r": tensor 't': data_offsets must be", error=CheckpointError),
+    api_case("st-offsets-not-pair", lambda tmp: read_safetensors(_safetensors(tmp, _entry(data_offsets=[0]))),
+             ST + r": tensor 't': data_offsets must be", error=CheckpointError),
+    api_case("st-offsets-vs-shape", lambda tmp: read_safetensors(_safetensors(tmp, _entry(shape=[3]))),
+             ST + r": tensor 't': data_offsets \[0, 8\] hold 8 bytes, shape \[3\] of F32 needs 12", error=CheckpointError),
+    api_case("ckpt-truncated", _load(truncate=150_000),
+             ST + r": tensor '.*': data_offsets must be", error=CheckpointError),
+    api_case("ckpt-truncated-header", _load(truncate=100),
+             ST + r": header length \d+ exceeds the file \(100 bytes\)", error=CheckpointError),
+    api_case("ckpt-wrong-shape", _load(tensors=lambda t: t.update({"model.norm.weight": np.zeros(7, np.float32)})),
+             ST + r": tensor 'model\.norm\.weight' has shape \(7,\), the config expects \(64,\)", error=CheckpointError),
+    api_case("ckpt-missing-tensor", _load(tensors=lambda t: t.pop("model.layers.1.mlp.up_proj.weight")),
+             ST + r" lacks tensors: \['model\.layers\.1\.mlp\.up_proj\.weight'\]", error=CheckpointError),
+    api_case("ckpt-extra-tensor", _load(tensors=lambda t: t.update({"model.layers.9.x": np.zeros(1, np.float32)})),
+             ST + r" has tensors this Qwen2Config does not use: \['model\.layers\.9\.x'\]", error=CheckpointError),
+    api_case("ckpt-no-weights", lambda tmp: (os.remove(os.path.join(_checkpoint(tmp), "model.safetensors")),
+                                             load_hf_checkpoint(str(tmp / "ckpt"))),
+             ST + r": cannot read the safetensors file", error=CheckpointError),
+    api_case("ckpt-bad-index", lambda tmp: (open(os.path.join(_checkpoint(tmp), "model.safetensors.index.json"), "w").write(
+        json.dumps({"weight_map": ["model.safetensors"]})), load_hf_checkpoint(str(tmp / "ckpt"))),
+             r"model\.safetensors\.index\.json: 'weight_map' must map", error=CheckpointError),
+    # --- config.json type errors name the file and the field ------------------------------------
+    api_case("config-list", _load(config=[1, 2]), r"config\.json: must hold a JSON object, got list", error=CheckpointError),
+    api_case("config-not-json", lambda tmp: (open(os.path.join(_checkpoint(tmp), "config.json"), "w").write("{"),
+                                             load_hf_checkpoint(str(tmp / "ckpt"))),
+             r"config\.json: cannot read the model config", error=CheckpointError),
+    api_case("config-missing-file", lambda tmp: load_hf_checkpoint(str(tmp)),
+             r"config\.json: cannot read the model config", error=CheckpointError),
+    api_case("config-hidden_size-string", _load(config={"hidden_size": "64"}),
+             r"config\.json: 'hidden_size' must be an integer, got '64'", error=CheckpointError),
+    api_case("config-heads-float", _load(config={"num_attention_heads": 4.0}),
+             r"config\.json: 'num_attention_heads' must be an integer, got 4\.0", error=CheckpointError),
+    api_case("config-missing-field", lambda tmp: config_from_hf(_hf_config(vocab_size=None), "my/config.json"),
+             r"my/config\.json: lacks required fields \['vocab_size'\]", error=CheckpointError),
+    api_case("config-zero-heads", _load(config={"num_attention_heads": 0}),
+             r"config\.json: Qwen2Config\.num_attention_heads must be an integer >= 1", error=CheckpointError),
+    api_case("config-eps-string", _load(config={"rms_norm_eps": "1e-5"}),
+             r"config\.json: 'rms_norm_eps' must be a number", error=CheckpointError),
+    api_case("config-tie-string", _load(config={"tie_word_embeddings": "yes"}),
+             r"config\.json: 'tie_word_embeddings' must be true or false", error=CheckpointError),
+    api_case("config-rope_theta-string", _load(config={"rope_theta": "1e4"}),
+             r"config\.json: 'rope_theta' must be a number, got '1e4'", error=CheckpointError),
+    api_case("config-rope-list", _load(config={"rope_parameters": [1]}),
+             r"config\.json: 'rope_parameters' must be an object", error=CheckpointError),
+    api_case("config-head_dim", _load(config={"head_dim": 8}),
+             r"config\.json: head_dim=8 != hidden_size/num_attention_heads = 16", error=CheckpointError),
+    # --- orbax parameter checkpoints ----------------------------------------------------------------
+    api_case("restore-params-missing", _restore_missing, r"parameter checkpoint .*nothing_here is unreadable",
+             error=CheckpointError),
+    api_case("restore-params-garbage", _restore_garbage, r"parameter checkpoint .*params is unreadable",
+             error=CheckpointError),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_gets_a_clear_error(case, tmp_path, capsys):
+    with pytest.raises(case.error) as info:
+        case.run(tmp_path)
+    message = f"{info.value}\n{capsys.readouterr().err}"
+    assert re.search(case.pattern, message), message
+    assert "Traceback" not in message
+    assert not (tmp_path / "out").exists()  # rejected before anything was written
+
+
+def test_case_ids_are_unique():
+    assert len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_out_not_writable_is_refused_before_work(tmp_path, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    with pytest.raises(SystemExit, match=r"--out '.*locked/run' is not writable"):
+        cli.main(["train", "--out", str(locked / "run")])
+
+
+def test_valid_edge_values_still_parse():
+    args = cli.build_parser().parse_args(["train", "--total_env_steps", "1e6", "--seed", "2147483647",
+                                          "--vaco.delta", "inf", "--checkpoint-every", "1", "--lag", "0"])
+    config = cli.build_config(TrainConfig, args)
+    assert config.total_env_steps == 1_000_000 and config.vaco.delta == math.inf
+    assert (args.seed, args.checkpoint_every, args.lag) == (2**31 - 1, 1, 0)
+    assert cli._parse_grid(["vaco_delta=0.1,inf", "lag=0,1e1"]) == {"vaco_delta": [0.1, math.inf], "lag": [0, 10]}
+    require_output_dir("--out", "relative/new/folder")  # nothing exists yet: fine, nothing created
+    assert not os.path.exists("relative")
