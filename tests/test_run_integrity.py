@@ -219,3 +219,6 @@ def test_one_rule_for_metrics_and_state_inf_is_a_value_except_in_losses_gradient
     for name in ("loss/loss", "loss/grad_norm", "params_norm"):
         assert first_nonfinite_metric({name: np.asarray([[0.0, np.inf]])}, 0, 1) == (1, name, (0,), np.inf)
     assert first_nonfinite_metric({"age_decay_tau": np.asarray([[np.nan]])}, 0, 1)[1] == "age_decay_tau"
+    state = {"hparams": {"age_decay_tau": np.asarray([np.inf])}, "train": {"params": {"w": np.asarray([np.inf])}}}
+    assert first_nonfinite_leaf(state) == "['train']['params']['w']: 1 of 1 values inf"  # hparams is not params
+    assert bool(tree_is_finite({"hparams": {"age_decay_tau": jnp.full(2, jnp.inf)}}))

@@ -26,6 +26,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from typing import Mapping, Optional, Sequence
@@ -81,15 +82,36 @@ def initialize_distributed() -> bool:
             raise DistributedSetupError(f"JAX_PROCESS_ID={index} must be in [0, JAX_NUM_PROCESSES={num})")
         kwargs = {"coordinator_address": settings["JAX_COORDINATOR_ADDRESS"], "num_processes": num,
                   "process_id": index}
+    shown = ", ".join(f"{k}={v}" for k, v in settings.items() if v is not None) or "auto-detected cluster"
+    problem = (f"could not join the multi-process run within {timeout} s ({shown}): is the coordinator "
+               "reachable and did all JAX_NUM_PROCESSES processes start?")
+    if explicit and kwargs["process_id"] != 0:
+        _wait_for_coordinator(kwargs["coordinator_address"], timeout, problem)
+    # JAX aborts the process (no Python exception) when the peers do not all register in time:
+    # say first which settings it was waiting with.
+    print(f"fresh_rl: joining a multi-process run ({shown}); JAX stops this process if not all processes "
+          f"join within {TIMEOUT_VARIABLE}={timeout} s", file=sys.stderr, flush=True)
     try:
         jax.distributed.initialize(initialization_timeout=timeout, **kwargs)
     except Exception as err:  # XLA raises its own runtime error types
-        shown = ", ".join(f"{k}={v}" for k, v in settings.items() if v is not None) or "auto-detected cluster"
-        raise DistributedSetupError(
-            f"could not join the multi-process run within {timeout} s ({shown}): is the coordinator "
-            f"reachable and did all JAX_NUM_PROCESSES processes start? ({type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else ''})") from err
+        raise DistributedSetupError(f"{problem} ({type(err).__name__}: {err})") from err
     return True
+
+
+def _wait_for_coordinator(address: str, timeout: int, problem: str) -> None:
+    """Poll the coordinator's TCP port until it accepts (a clean error instead of JAX's abort)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise DistributedSetupError(f"JAX_COORDINATOR_ADDRESS must be host:port, got {address!r}")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+                return
+        except OSError as err:
+            if time.monotonic() > deadline:
+                raise DistributedSetupError(f"{problem} (no coordinator listening at {address}: {err})") from None
+            time.sleep(0.2)
 
 
 def is_primary() -> bool:
@@ -144,30 +166,33 @@ def launch_local(command: Sequence[str], num_processes: int, devices_per_process
     if on_start is not None:
         on_start(processes)
     deadline = time.monotonic() + timeout_s
-    failure = None
     try:
-        while failure is None and any(p.poll() is None for p in processes):
-            failure = next(((i, p) for i, p in enumerate(processes) if p.poll() not in (None, 0)), None)
-            if failure is None and time.monotonic() > deadline:
+        while all(p.poll() in (None, 0) for p in processes) and any(p.poll() is None for p in processes):
+            if time.monotonic() > deadline:
                 raise LaunchError(f"the launch of {num_processes} processes ran past timeout_s={timeout_s} s: "
                                   f"{' '.join(command)}")
             time.sleep(0.2)
-        failure = failure or next(((i, p) for i, p in enumerate(processes) if p.returncode != 0), None)
     finally:
-        for process in processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        stopped = {i for i, p in enumerate(processes) if p.poll() is None}
+        for i in stopped:
+            os.killpg(processes[i].pid, signal.SIGKILL)
+            processes[i].wait()
     outputs = []
     for out, err in logs:
         out.seek(0), err.seek(0)
         outputs.append((out.read(), err.read()))
         out.close(), err.close()
-    if failure is not None:
-        index, process = failure
-        tail = "\n".join(outputs[index][1].strip().splitlines()[-15:])
-        raise LaunchError(f"process {index} of {num_processes} (pid {process.pid}) {_describe_exit(process.returncode)}; "
-                          f"the other processes were stopped. Its last stderr lines:\n{tail}")
+    failed = [i for i in range(num_processes) if processes[i].returncode != 0 and i not in stopped]
+    if failed:
+        # JAX aborts (SIGABRT) the survivors once a peer dies: name the process that failed first.
+        failed.sort(key=lambda i: processes[i].returncode == -signal.SIGABRT)
+        first = failed[0]
+        others = "".join(f"; process {i} (pid {processes[i].pid}) {_describe_exit(processes[i].returncode)}"
+                         for i in failed[1:])
+        tail = "\n".join(outputs[first][1].strip().splitlines()[-15:])
+        raise LaunchError(f"process {first} of {num_processes} (pid {processes[first].pid}) "
+                          f"{_describe_exit(processes[first].returncode)}{others}; the other processes were "
+                          f"stopped. Its last stderr lines:\n{tail}")
     return [stdout for stdout, _ in outputs]
 
 

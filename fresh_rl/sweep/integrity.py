@@ -5,21 +5,23 @@
   flipped byte on disk is detected even where the file format itself decodes it silently.
 * :func:`first_nonfinite_metric` / :func:`first_nonfinite_leaf` — the guard of
   :func:`fresh_rl.sweep.run_loop`: one rule for metrics and state leaves alike: NaN anywhere,
-  or ±inf in anything whose name contains ``params``, ``opt_state``, ``loss`` or ``grad``
-  (parameters, optimiser moments, losses, gradient norms), stops the run with
+  or ±inf in anything named with one of the words ``params``, ``opt`` (``opt_state``),
+  ``loss`` or ``grad`` (parameters, optimiser moments, losses, gradient norms; ``hparams`` is
+  another word), stops the run with
   :class:`NonFiniteError`. Infinity elsewhere is a legitimate value: a replay tree's empty
   min-nodes, FreshPER's τ = ∞ (no decay) reported as a metric.
 """
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-INF_FORBIDDEN_IN = ("params", "opt_state", "loss", "grad")
+INF_FORBIDDEN_IN = frozenset({"params", "opt", "loss", "grad"})  # opt: opt_state
 
 
 class NonFiniteError(FloatingPointError):
@@ -48,7 +50,9 @@ def tree_checksum(tree) -> str:
 
 
 def _inf_allowed(name: str) -> bool:
-    return not any(part in name for part in INF_FORBIDDEN_IN)
+    """Whether ±inf may appear under ``name`` (a metric name or a key path): not when one of
+    its words (split at anything but letters) is one of ``INF_FORBIDDEN_IN``."""
+    return not INF_FORBIDDEN_IN.intersection(re.split("[^a-z]+", name.lower()))
 
 
 def _bad(values: np.ndarray, name: str) -> np.ndarray:
