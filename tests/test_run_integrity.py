@@ -222,3 +222,25 @@ def test_one_rule_for_metrics_and_state_inf_is_a_value_except_in_losses_gradient
     state = {"hparams": {"age_decay_tau": np.asarray([np.inf])}, "train": {"params": {"w": np.asarray([np.inf])}}}
     assert first_nonfinite_leaf(state) == "['train']['params']['w']: 1 of 1 values inf"  # hparams is not params
     assert bool(tree_is_finite({"hparams": {"age_decay_tau": jnp.full(2, jnp.inf)}}))
+
+
+def test_llm_parameter_checkpoint_byte_flip_is_detected(tmp_path):
+    from fresh_rl.llm.model import init_params, preset
+    from fresh_rl.llm.warm_start import CHECKSUM_FILE, restore_params, save_params
+
+    config = preset("tiny")
+    params = init_params(config, jax.random.PRNGKey(0))
+    save_params(str(tmp_path / "p"), params)
+    assert (tmp_path / "p" / CHECKSUM_FILE).exists()
+    restored = restore_params(str(tmp_path / "p"), config)
+    assert tree_checksum(restored) == tree_checksum(params)
+    largest = max((f for f in (tmp_path / "p").rglob("*") if f.is_file()), key=lambda f: f.stat().st_size)
+    data = bytearray(largest.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 64):
+        data[i] ^= 0xFF
+    largest.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=rf"parameter checkpoint {tmp_path / 'p'} is (corrupt|unreadable)"):
+        restore_params(str(tmp_path / "p"), config)
+    nan_params = jax.tree.map(lambda x: x.at[(0,) * x.ndim].set(jnp.nan) if x.ndim else x, params)
+    with pytest.raises(NonFiniteError, match="refusing to save non-finite parameters"):
+        save_params(str(tmp_path / "q"), nan_params)

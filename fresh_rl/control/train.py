@@ -174,11 +174,13 @@ class TrainConfig:
             )
         for name in ("learning_rate", "max_grad_norm", "adam_eps", "vtrace_rho_bar", "vtrace_c_bar",
                      "obs_clip"):
-            require_in_range(name, getattr(self, name), 0.0, math.inf, low_inclusive=False)
+            require_in_range(name, getattr(self, name), 0.0, math.inf, low_inclusive=False, high_inclusive=False)
         require_in_range("gamma", self.gamma, 0.0, 1.0)
         require_in_range("gae_lambda", self.gae_lambda, 0.0, 1.0)
         for name in ("value_coef", "entropy_coef", "kl_coef"):
-            require_in_range(name, getattr(self, name), 0.0, math.inf)
+            require_in_range(name, getattr(self, name), 0.0, math.inf, high_inclusive=False)
+        require_in_range("init_log_std", self.init_log_std, -math.inf, math.inf, low_inclusive=False,
+                         high_inclusive=False)
         if not self.hidden_sizes or any(
             isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in self.hidden_sizes
         ):

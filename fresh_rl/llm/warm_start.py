@@ -10,8 +10,10 @@ success rate.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
+import warnings
 from typing import Any, Callable, Sequence
 
 import jax
@@ -104,12 +106,28 @@ def evaluate(params, model_config: Qwen2Config, env, key, episodes: int,
             "abs_log_rd_mean": float(log_rd.mean()), "abs_log_rd_max": float(log_rd.max())}
 
 
+CHECKSUM_FILE = "fresh_rl_checksum.json"
+
+
 def save_params(directory: str, params) -> None:
-    """Orbax checkpoint of the parameter pytree at `directory` (overwritten)."""
+    """Orbax checkpoint of the parameter pytree at `directory` (overwritten), refused when
+    non-finite, with the SHA-256 of its contents in ``CHECKSUM_FILE`` beside it."""
     import orbax.checkpoint as ocp
+
+    from fresh_rl.sweep.integrity import NonFiniteError, first_nonfinite_leaf, tree_checksum
+    problem = first_nonfinite_leaf({"params": params})
+    if problem is not None:
+        raise NonFiniteError(f"refusing to save non-finite parameters to {directory}: {problem}")
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(os.path.abspath(directory), params, force=True)
     checkpointer.wait_until_finished()
+    with open(os.path.join(directory, CHECKSUM_FILE), "w") as f:
+        json.dump({"sha256": tree_checksum(params)}, f)
+
+
+def _recorded_checksum(record: str):
+    with open(record) as f:
+        return json.load(f).get("sha256")
 
 
 def restore_params(directory: str, model_config: Qwen2Config):
@@ -119,11 +137,19 @@ def restore_params(directory: str, model_config: Qwen2Config):
 
     from fresh_rl.sweep.checkpoint import CheckpointError
     target = jax.eval_shape(lambda: init_params(model_config, jax.random.PRNGKey(0)))
+    from fresh_rl.sweep.integrity import tree_checksum
     try:
-        return ocp.StandardCheckpointer().restore(os.path.abspath(directory), target)
+        params = ocp.StandardCheckpointer().restore(os.path.abspath(directory), target)
     except Exception as err:  # orbax raises many types for unreadable files
         raise CheckpointError(f"parameter checkpoint {directory} is unreadable or does not match "
                               f"this model config: {type(err).__name__}: {err}") from err
+    record = os.path.join(directory, CHECKSUM_FILE)
+    if not os.path.exists(record):
+        warnings.warn(f"parameter checkpoint {directory} has no {CHECKSUM_FILE}: restored unverified", stacklevel=2)
+    elif _recorded_checksum(record) != tree_checksum(params):
+        raise CheckpointError(f"parameter checkpoint {directory} is corrupt: its contents do not match the "
+                              f"checksum in {record} recorded when it was written")
+    return params
 
 
 def warm_start(model_config: Qwen2Config, tasks: dict[str, Any], config: WarmStartConfig,
