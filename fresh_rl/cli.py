@@ -44,10 +44,10 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
+from fresh_rl.sweep.keys import MAX_SEED
 from fresh_rl.validation import require_int, require_output_dir
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
-SEED_MAX = 2**31 - 1  # the largest seed of fresh_rl.sweep.keys.seed_key
 
 
 # ----------------------------------------------------------------------------- typed configs
@@ -295,7 +295,7 @@ def sweep_grid(config, num_seeds: int, seed: int, grid_values: dict):
     from fresh_rl.control import HyperParams
     from fresh_rl.sweep import product_grid
 
-    require_int("--seed + --seeds - 1 (the last seed)", seed + num_seeds - 1, 0, SEED_MAX)
+    require_int("--seed + --seeds - 1 (the last seed)", seed + num_seeds - 1, 0, MAX_SEED)
     uses = config.method_spec.hyperparams
     ignored = [name for name in grid_values if name not in uses]
     if ignored:
@@ -377,8 +377,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     train_p = sub.add_parser("train", help="one control run with checkpoints (resumes if interrupted)")
     train_p.add_argument("--out", default="runs/train", help="output directory (default: runs/train)")
-    train_p.add_argument("--seed", action=_Typed, parse=_int_in(0, SEED_MAX), default=0,
-                         help=f"run seed in [0, {SEED_MAX}] (default: 0)")
+    train_p.add_argument("--seed", action=_Typed, parse=_int_in(0, MAX_SEED), default=0,
+                         help=f"run seed in [0, {MAX_SEED}] (default: 0)")
     train_p.add_argument("--lag", action=_Typed, parse=_int_in(0), default=None,
                          help="fixed backward lag k >= 0, < the number of iterations (shortcut for --delay)")
     train_p.add_argument("--checkpoint-every", action=_Typed, parse=_int_in(1), default=None,
@@ -388,7 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep_p = sub.add_parser("sweep", help="seeds × grid as one vmapped program sharded over all devices")
     sweep_p.add_argument("--out", default="runs/sweep")
-    sweep_p.add_argument("--seed", action=_Typed, parse=_int_in(0, SEED_MAX), default=0,
+    sweep_p.add_argument("--seed", action=_Typed, parse=_int_in(0, MAX_SEED), default=0,
                          help="first seed (default: 0); seeds seed … seed + seeds − 1 are run")
     sweep_p.add_argument("--seeds", action=_Typed, parse=_int_in(1), default=5,
                          help="seeds per grid point (default: 5)")

@@ -22,8 +22,11 @@ import jax
 import jax.numpy as jnp
 
 
+MAX_SEED = 2**31 - 1  # seeds are int32 inside vmapped key construction
+
+
 def _check_seed(seed, name: str) -> int:
-    if isinstance(seed, bool) or not hasattr(seed, "__index__") or not 0 <= int(seed) < 2**31:
+    if isinstance(seed, bool) or not hasattr(seed, "__index__") or not 0 <= int(seed) <= MAX_SEED:
         raise ValueError(f"{name} must be an integer in [0, 2**31), got {seed!r}")
     return int(seed)
 
