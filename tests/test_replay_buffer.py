@@ -11,7 +11,12 @@ from hypothesis import strategies as st
 from jax.experimental import checkify
 from scipy import stats
 
-from fresh_rl.replay import ReplayConfig, magnitude_priority, make_trajectory_buffer
+from fresh_rl.replay import (
+    ReplayConfig,
+    magnitude_priority,
+    make_trajectory_buffer,
+    segment_tree,
+)
 
 T = 3  # trajectory length of the toy items
 
@@ -86,13 +91,19 @@ MODES = {
         age_decay_tau=3.0, rebase_exponent=1.0,
     ),
 }
+FANOUTS = (2, 16, 128)  # binary, mid-width, the widest (the default K is 8)
+DEFAULT_K = segment_tree.DEFAULT_FANOUT
 
 
-@pytest.mark.parametrize("mode", list(MODES))
-def test_sampling_distribution_matches_numpy_reference(mode):
+@pytest.mark.parametrize(
+    "mode, fanout",
+    [(mode, DEFAULT_K) for mode in MODES]
+    + [("per", 2), ("freshper", 2), ("freshper", 16), ("freshper", 128)],
+)
+def test_sampling_distribution_matches_numpy_reference(mode, fanout):
     """Chi-square of 16,000 draws against the eager NumPy probabilities, after adds,
     FIFO evictions, duplicate priority updates and (FreshPER) rebases."""
-    config = MODES[mode]
+    config = ReplayConfig(**{**MODES[mode].__dict__, "tree_fanout": fanout})
     buffer = make_trajectory_buffer(config)
     add, set_priorities, sample_many = _jitted(buffer)
     reference = EagerReference(config)
@@ -141,11 +152,15 @@ def test_sampling_distribution_matches_numpy_reference(mode):
     )
 
 
-def test_freshper_equals_eager_formula_over_1e5_versions():
+@pytest.mark.parametrize(
+    "fanout", [DEFAULT_K] + [pytest.param(k, marks=pytest.mark.slow) for k in FANOUTS]
+)
+def test_freshper_equals_eager_formula_over_1e5_versions(fanout):
     """Probabilities and IS weights equal the normalised eager (p·exp(−age/τ))^α over 10^5
     versions of simulated time with FIFO turnover, priority updates and rebases."""
     config = ReplayConfig(capacity=64, sample_batch_size=16, sampling="freshper",
-                          priority_exponent=0.6, importance_exponent=0.5, age_decay_tau=500.0)
+                          priority_exponent=0.6, importance_exponent=0.5, age_decay_tau=500.0,
+                          tree_fanout=fanout)
     buffer = make_trajectory_buffer(config)
     add_every, versions_per_chunk, total_versions = 50, 5000, 100_000
 
@@ -232,9 +247,13 @@ def test_fifo_eviction_keeps_the_newest_items():
     np.testing.assert_array_equal(state.experience["obs"][:, 0, 0], [2, 3, 3, 1, 2])
 
 
-@pytest.mark.parametrize("mode", ["uniform", "per", "freshper"])
-def test_never_samples_unwritten_or_zero_priority_slots(mode):
-    config = ReplayConfig(capacity=1000, sample_batch_size=64, sampling=mode, age_decay_tau=1.0)
+@pytest.mark.parametrize(
+    "mode, fanout", [("uniform", DEFAULT_K), ("per", DEFAULT_K), ("freshper", DEFAULT_K)]
+    + [("freshper", k) for k in FANOUTS]
+)
+def test_never_samples_unwritten_or_zero_priority_slots(mode, fanout):
+    config = ReplayConfig(capacity=1000, sample_batch_size=64, sampling=mode, age_decay_tau=1.0,
+                          tree_fanout=fanout)
     buffer = make_trajectory_buffer(config)
     add, set_priorities, _ = _jitted(buffer)
     state = add(buffer.init(example_item()), make_batch(70, 0.0), 0, None)
@@ -249,10 +268,12 @@ def test_never_samples_unwritten_or_zero_priority_slots(mode):
         assert set(np.unique(indices)) <= set(range(95, 100))
 
 
+@pytest.mark.parametrize("fanout", FANOUTS)
 @pytest.mark.parametrize("normalization", ["buffer", "batch"])
-def test_importance_weight_normalisation(normalization):
+def test_importance_weight_normalisation(normalization, fanout):
     config = ReplayConfig(capacity=6, sample_batch_size=4, sampling="per", priority_exponent=1.0,
-                          importance_exponent=1.0, importance_weight_normalization=normalization)
+                          importance_exponent=1.0, importance_weight_normalization=normalization,
+                          tree_fanout=fanout)
     buffer = make_trajectory_buffer(config)
     state = buffer.add(buffer.init(example_item()), make_batch(6, 0.0), 0)
     state = buffer.set_priorities(state, jnp.arange(6), jnp.array([1.0, 2.0, 3.0, 4.0, 5.0, 0.0]))
@@ -264,8 +285,10 @@ def test_importance_weight_normalisation(normalization):
     np.testing.assert_allclose(s.importance_weights, expected, rtol=1e-6)
 
 
-def test_rebase_preserves_probabilities():
-    config = ReplayConfig(capacity=16, sample_batch_size=4, age_decay_tau=10.0)
+@pytest.mark.parametrize("fanout", FANOUTS)
+def test_rebase_preserves_probabilities(fanout):
+    config = ReplayConfig(capacity=16, sample_batch_size=4, age_decay_tau=10.0,
+                          tree_fanout=fanout)
     buffer = make_trajectory_buffer(config)
     state = buffer.init(example_item())
     for v in range(0, 80, 10):
@@ -292,6 +315,8 @@ def test_rebase_preserves_probabilities():
         ("sample_batch_size", 100, r"sample_batch_size must be an integer in \[1, capacity=10\]"),
         ("sampling", "lifo", "sampling must be one of"),
         ("rebase_exponent", 100.0, "rebase_exponent"),
+        ("tree_fanout", 3, r"tree_fanout must be one of \(2, 4, 8, 16, 32, 64, 128\), got 3"),
+        ("tree_fanout", 256, "tree_fanout must be one of"),
     ],
 )
 def test_bad_configuration_names_the_field(field, value, match):
@@ -325,6 +350,17 @@ def test_bad_index_and_oversized_sample_raise_eagerly():
         small.sample(partial, jax.random.key(0))
     with pytest.raises(ValueError, match=r"importance_exponent must be in \[0.0, 1.0\]"):
         buffer.sample(state, jax.random.key(0), importance_exponent=1.5)
+
+
+def test_empty_add_batch_names_the_argument():
+    buffer, state = _small_prioritized()
+    with pytest.raises(ValueError, match=r"add: trajectories must hold a batch of size in "
+                                         r"\[1, capacity=8\].*got 0"):
+        buffer.add(state, make_batch(0, 0.0), 0)
+    with pytest.raises(ValueError, match="add: trajectories"):
+        jax.jit(buffer.add)(state, make_batch(0, 0.0), 0)
+    with pytest.raises(ValueError, match=r"capacity=8\].*got 9"):
+        buffer.add(state, make_batch(9, 0.0), 0)
 
 
 def test_jit_fallback_skips_bad_writes_and_masks_unsatisfiable_samples():
@@ -463,11 +499,28 @@ def test_set_age_decay_tau_equals_a_buffer_built_with_that_tau(tau, priorities):
         per.sampling_probabilities(fill(per)), rtol=2e-5, atol=1e-7)
 
 
-def test_set_age_decay_tau_rejects_bad_tau_and_non_freshper_buffers():
-    buffer = make_trajectory_buffer(ReplayConfig(capacity=8, sample_batch_size=2))
-    state = buffer.init(example_item())
-    with pytest.raises(ValueError, match=r"age_decay_tau must be in \(0"):
-        buffer.set_age_decay_tau(state, 0.0)
+@pytest.mark.parametrize("bad", [0.0, -5.0, np.nan, -np.inf])
+def test_set_age_decay_tau_rejects_bad_tau(bad):
+    """Concrete: ValueError naming the field and (0, inf]. Traced: checkify error with
+    jit_checks, else the τ is skipped (probabilities unchanged) and counted."""
+    buffer, state = _small_prioritized(age_decay_tau=5.0)
+    state = buffer.add(state, make_batch(2, 1.0), 7)
+    with pytest.raises(ValueError, match=r"age_decay_tau must be in \(0.0, inf\], got"):
+        buffer.set_age_decay_tau(state, bad)
+    before = np.asarray(buffer.sampling_probabilities(state))
+    skipped = jax.jit(buffer.set_age_decay_tau)(state, bad)
+    np.testing.assert_allclose(buffer.sampling_probabilities(skipped), before, rtol=1e-6)
+    assert int(skipped.num_rejected_writes) == 1
+    checked_buffer, _ = _small_prioritized(age_decay_tau=5.0, jit_checks=True)
+    checked = jax.jit(checkify.checkify(checked_buffer.set_age_decay_tau))
+    err, _ = checked(state, bad)
+    with pytest.raises(Exception, match=r"age_decay_tau must be in \(0, inf\]"):
+        err.throw()
+    err, _ = checked(state, jnp.inf)
+    err.throw()  # ∞ is allowed: no decay
+
+
+def test_set_age_decay_tau_rejects_non_freshper_buffers():
     per = make_trajectory_buffer(ReplayConfig(capacity=8, sample_batch_size=2, sampling="per"))
     with pytest.raises(ValueError, match="sampling='freshper'"):
         per.set_age_decay_tau(per.init(example_item()), 10.0)

@@ -36,10 +36,15 @@ priorities passed to ``add`` instead (e.g. ``|reward| + ε``).
 
 **Bad input.** Configuration errors raise ``ValueError`` at construction. Data errors (NaN or
 negative priority, index out of range or of an empty slot, sample batch larger than the valid
-items) raise ``ValueError`` when called eagerly, and under ``jit`` either become
-``checkify`` errors (``jit_checks=True``) or fall back safely: invalid priority writes are
-skipped and counted in ``state.num_rejected_writes``; an unsatisfiable sample returns
-``mask=False`` and zero weights for every row, so a loss weighted by them is a no-op.
+items, τ outside (0, ∞]) raise ``ValueError`` when called eagerly, and under ``jit`` either
+become ``checkify`` errors (``jit_checks=True``) or fall back safely: invalid priority writes
+and τ values are skipped and counted in ``state.num_rejected_writes``; an unsatisfiable sample
+returns ``mask=False`` and zero weights for every row, so a loss weighted by them is a no-op.
+An empty ``add`` batch raises ``ValueError`` (shapes are static, so also under ``jit``).
+
+**Tree.** The priority tree is K-ary (``ReplayConfig.tree_fanout``, see
+:mod:`fresh_rl.replay.segment_tree`): a sample reads one row of K children per level, depth
+⌈log_K N⌉.
 """
 
 from __future__ import annotations
@@ -78,6 +83,11 @@ class ReplayConfig:
         e^30·N·max p^α must stay below 3.4e38). Our choice; any value in (0, 60] is safe for
         N ≤ 2^24 and priorities ≤ 1e6.
       jit_checks: traced data checks become ``checkify`` checks instead of the safe fallback.
+      tree_fanout: K, children per node of the priority tree (a power of two in
+        ``segment_tree.FANOUTS``); depth ⌈log_K N⌉. Changes speed only: every node holds the
+        same float for any K, so probabilities and weights are identical (a sampled index
+        can differ only for a target within rounding of a boundary). The default is the
+        fastest in the K sweep of ``benchmarks/replay_bench.py`` on CPU.
     """
 
     capacity: int
@@ -90,6 +100,7 @@ class ReplayConfig:
     importance_weight_normalization: Literal["buffer", "batch"] = "buffer"
     rebase_exponent: float = 30.0
     jit_checks: bool = False
+    tree_fanout: int = segment_tree.DEFAULT_FANOUT
 
     def __post_init__(self):
         if not isinstance(self.capacity, int) or self.capacity <= 0:
@@ -111,6 +122,7 @@ class ReplayConfig:
             "importance_weight_normalization", self.importance_weight_normalization,
             ("buffer", "batch"),
         )
+        require_choice("tree_fanout", self.tree_fanout, segment_tree.FANOUTS)
 
     @property
     def prioritized(self) -> bool:
@@ -141,10 +153,10 @@ class ReplayState:
       latest_version: largest version inserted so far (the default "now" for ages).
       max_priority: running max of base priorities (priority of new items under "max").
       reference_version: t_ref of the stored keys.
-      priority_tree: ``[2P, K]`` segment tree; column 0 sums u_i (sampling); with "buffer"
-        weight normalisation column 1 takes the min of log u_i (+inf for empty or
-        zero-priority slots), the normaliser of the importance weights.
-      num_rejected_writes: invalid priority writes skipped by the jit fallback.
+      priority_tree: K-ary segment tree (``config.tree_fanout``); column 0 sums u_i
+        (sampling); with "buffer" weight normalisation column 1 takes the min of log u_i
+        (+inf for empty or zero-priority slots), the normaliser of the importance weights.
+      num_rejected_writes: invalid priority writes (and traced τ) skipped by the jit fallback.
       decay_rate: float32 α/τ of the stored keys (``config.decay_rate`` at init; changed only
         by ``set_age_decay_tau``, which rebuilds the keys).
     """
@@ -158,7 +170,7 @@ class ReplayState:
     latest_version: jax.Array
     max_priority: jax.Array
     reference_version: jax.Array
-    priority_tree: jax.Array
+    priority_tree: segment_tree.SegmentTree
     num_rejected_writes: jax.Array
     decay_rate: jax.Array
 
@@ -221,7 +233,7 @@ def _tree_columns(config: ReplayConfig) -> tuple[str, ...]:
 
 
 def _tree_leaves_from_log_keys(config: ReplayConfig, log_keys, valid):
-    """``[..., K]`` leaves: u_i (and log u_i), identities for empty or zero-priority slots."""
+    """``[..., C]`` leaves: u_i (and log u_i), identities for empty or zero-priority slots."""
     sum_leaves = jnp.where(valid, jnp.exp(log_keys), 0.0)
     if len(_tree_columns(config)) == 1:
         return sum_leaves[..., None]
@@ -250,7 +262,8 @@ def _init(config: ReplayConfig, example_trajectory: Any) -> ReplayState:
         latest_version=jnp.zeros((), jnp.int32),
         max_priority=jnp.ones((), jnp.float32),
         reference_version=jnp.zeros((), jnp.int32),
-        priority_tree=segment_tree.init(tree_capacity, _tree_columns(config)),
+        priority_tree=segment_tree.init(tree_capacity, _tree_columns(config),
+                                        config.tree_fanout),
         num_rejected_writes=jnp.zeros((), jnp.int32),
         decay_rate=jnp.asarray(config.decay_rate, jnp.float32),
     )
@@ -271,7 +284,8 @@ def _rebase(config: ReplayConfig, state: ReplayState, reference_version) -> Repl
     return state.replace(
         reference_version=reference_version,
         priority_tree=segment_tree.build(
-            _tree_leaves_from_log_keys(config, log_keys, state.valid), _tree_columns(config)
+            _tree_leaves_from_log_keys(config, log_keys, state.valid), _tree_columns(config),
+            config.tree_fanout,
         ),
     )
 
@@ -287,8 +301,7 @@ def _write_keys(
     tree_leaves = _tree_leaves_from_log_keys(config, log_keys, jnp.ones_like(write_mask))
     return state.replace(
         priority_tree=segment_tree.write(
-            state.priority_tree, slots, tree_leaves, _tree_columns(config), write_mask,
-            indices_are_unique=True,
+            state.priority_tree, slots, tree_leaves, write_mask, indices_are_unique=True
         )
     )
 
@@ -312,10 +325,11 @@ def _add(
       priorities: ``[B]`` base priorities; required iff ``new_item_priority == "given"``.
     """
     batch_leaves = jax.tree.leaves(trajectories)
-    batch_size = batch_leaves[0].shape[0]
-    if batch_size > config.capacity:
+    batch_size = batch_leaves[0].shape[0] if batch_leaves and jnp.ndim(batch_leaves[0]) else 0
+    if not 1 <= batch_size <= config.capacity:
         raise ValueError(
-            f"add: batch size must be in [1, capacity={config.capacity}], got {batch_size}"
+            f"add: trajectories must hold a batch of size in [1, capacity={config.capacity}] "
+            f"along the leading axis, got {batch_size}"
         )
     chex.assert_trees_all_equal_structs(trajectories, state.experience)
     jax.tree.map(
@@ -369,7 +383,7 @@ def _sampling_probabilities(config: ReplayConfig, state: ReplayState) -> jax.Arr
     """``[C]`` P(i) of every slot (O(N); for tests, diagnostics and plots, not the hot path)."""
     if not config.prioritized:
         return jnp.where(state.valid, 1.0 / jnp.maximum(state.num_valid, 1), 0.0)
-    keys = segment_tree.leaves(state.priority_tree, config.capacity)[:, 0]
+    keys = segment_tree.leaves(state.priority_tree)[:, 0]
     return keys / segment_tree.total(state.priority_tree)[0]
 
 
@@ -409,8 +423,7 @@ def _sample(
         roots = segment_tree.total(state.priority_tree)
         targets = segment_tree.stratified_targets(key, roots[0], batch_size)
         indices = segment_tree.sample(state.priority_tree, targets)
-        num_leaves = state.priority_tree.shape[0] // 2
-        sampled_keys = state.priority_tree[num_leaves + indices]  # [B, K]: u_i (, log u_i)
+        sampled_keys = segment_tree.leaf_values(state.priority_tree, indices)  # u_i (, log u_i)
         probabilities = sampled_keys[:, 0] / roots[0]
         if config.importance_weight_normalization == "buffer":
             log_keys, log_key_floor = sampled_keys[:, 1], roots[1]
@@ -481,16 +494,27 @@ def _set_priorities(
 
 
 def _set_age_decay_tau(config: ReplayConfig, state: ReplayState, age_decay_tau) -> ReplayState:
-    """Sets FreshPER's τ (traced scalar allowed; ``inf`` turns the decay off) and rebuilds
-    every key in one O(N) pass, rebased to the newest version: afterwards the buffer samples
-    exactly as one created with this τ. Used by online τ selection
-    (:mod:`fresh_rl.llm.replay_trainer`); requires ``sampling="freshper"``."""
+    """Sets FreshPER's τ ∈ (0, ∞] (``inf`` turns the decay off) and rebuilds every key in one
+    O(N) pass, rebased to the newest version: afterwards the buffer samples exactly as one
+    created with this τ. Used by online τ selection (:mod:`fresh_rl.llm.replay_trainer`);
+    requires ``sampling="freshper"``.
+
+    A concrete τ outside (0, ∞] (NaN, ≤ 0) raises ``ValueError``. A traced τ is checked by
+    ``checkify`` when ``config.jit_checks`` (wrap the call in ``checkify.checkify``); otherwise
+    an invalid τ is skipped (the current τ is kept) and counted in ``num_rejected_writes``.
+    """
     if not config.decays:
         raise ValueError(f"set_age_decay_tau needs sampling='freshper', got {config.sampling!r}")
     tau = jnp.asarray(age_decay_tau, jnp.float32)
     if not is_traced(tau):
         require_in_range("age_decay_tau", float(tau), 0.0, math.inf, low_inclusive=False)
-    state = state.replace(decay_rate=config.priority_exponent / tau)
+    tau_ok = tau > 0  # False for NaN
+    check(tau_ok, "set_age_decay_tau: age_decay_tau must be in (0, inf] (got NaN or <= 0)",
+          config.jit_checks)
+    state = state.replace(
+        decay_rate=jnp.where(tau_ok, config.priority_exponent / tau, state.decay_rate),
+        num_rejected_writes=state.num_rejected_writes + (~tau_ok).astype(jnp.int32),
+    )
     return _rebase(config, state, state.latest_version)
 
 
