@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.experimental import checkify
 from scipy import stats
@@ -468,6 +468,7 @@ def test_magnitude_priority_rejects_bad_arguments():
 # Online τ (set_age_decay_tau)
 
 
+@settings(max_examples=8)  # each example builds and runs three buffers eagerly (~6 s)
 @given(st.floats(0.5, 200.0), st.lists(st.floats(0.0, 5.0), min_size=8, max_size=8))
 def test_set_age_decay_tau_equals_a_buffer_built_with_that_tau(tau, priorities):
     def fill(buffer):
