@@ -114,15 +114,15 @@ def save_params(directory: str, params) -> None:
     non-finite, with the SHA-256 of its contents in ``CHECKSUM_FILE`` beside it."""
     import orbax.checkpoint as ocp
 
-    from fresh_rl.sweep.integrity import NonFiniteError, first_nonfinite_leaf, tree_checksum
-    problem = first_nonfinite_leaf({"params": params})
+    from fresh_rl.sweep.integrity import NonFiniteError, inspect_for_checkpoint
+    problem, checksum = inspect_for_checkpoint({"params": params})
     if problem is not None:
         raise NonFiniteError(f"refusing to save non-finite parameters to {directory}: {problem}")
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(os.path.abspath(directory), params, force=True)
     checkpointer.wait_until_finished()
     with open(os.path.join(directory, CHECKSUM_FILE), "w") as f:
-        json.dump({"sha256": tree_checksum(params)}, f)
+        json.dump({"sha256": checksum}, f)
 
 
 def _recorded_checksum(record: str):
@@ -146,7 +146,7 @@ def restore_params(directory: str, model_config: Qwen2Config):
     record = os.path.join(directory, CHECKSUM_FILE)
     if not os.path.exists(record):
         warnings.warn(f"parameter checkpoint {directory} has no {CHECKSUM_FILE}: restored unverified", stacklevel=2)
-    elif _recorded_checksum(record) != tree_checksum(params):
+    elif _recorded_checksum(record) != tree_checksum({"params": params}):  # the tree save_params hashed
         raise CheckpointError(f"parameter checkpoint {directory} is corrupt: its contents do not match the "
                               f"checksum in {record} recorded when it was written")
     return params

@@ -28,7 +28,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from fresh_rl.sweep.integrity import NonFiniteError, first_nonfinite_leaf, tree_checksum
+from fresh_rl.sweep.integrity import NonFiniteError, inspect_for_checkpoint, tree_checksum
 from fresh_rl.validation import require_int
 
 
@@ -71,11 +71,11 @@ class RunCheckpointer:
     def save(self, step: int, tree) -> None:
         """Write ``tree`` as checkpoint ``step``; a tree with NaN (or ±inf parameters) raises
         :class:`~fresh_rl.sweep.integrity.NonFiniteError` and writes nothing."""
-        problem = first_nonfinite_leaf(tree)
+        problem, checksum = inspect_for_checkpoint(tree)
         if problem is not None:
             raise NonFiniteError(f"refusing to checkpoint step {step} in {self.directory}: {problem}")
         args = self._ocp.args
-        meta = {"fingerprint": self.fingerprint, "step": step, "checksum": tree_checksum(tree)}
+        meta = {"fingerprint": self.fingerprint, "step": step, "checksum": checksum}
         self._manager.save(step, args=args.Composite(run=args.StandardSave(tree), meta=args.JsonSave(meta)))
         self._manager.wait_until_finished()
 

@@ -33,6 +33,8 @@ from typing import Mapping, Optional, Sequence
 
 import jax
 
+from fresh_rl.validation import require_int
+
 TIMEOUT_VARIABLE = "FRESH_RL_DISTRIBUTED_TIMEOUT"
 _SETTINGS = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
 
@@ -147,8 +149,6 @@ def launch_local(command: Sequence[str], num_processes: int, devices_per_process
     does a launch running past ``timeout_s``. ``on_start(processes)`` is called with the
     ``subprocess.Popen`` objects once all have started. Returns every process's stdout.
     """
-    from fresh_rl.validation import require_int
-
     require_int("num_processes", num_processes, 1)
     require_int("devices_per_process", devices_per_process, 1)
     address = f"127.0.0.1:{free_port()}"

@@ -40,13 +40,23 @@ def _host_leaves(tree) -> list[tuple[str, np.ndarray]]:
     return leaves
 
 
-def tree_checksum(tree) -> str:
-    """Hex SHA-256 of a pytree's contents (leaf paths, dtypes, shapes and bytes, in order)."""
+def _checksum(leaves: list[tuple[str, np.ndarray]]) -> str:
     digest = hashlib.sha256()
-    for path, leaf in _host_leaves(tree):
+    for path, leaf in leaves:
         digest.update(f"{path}|{leaf.dtype.str}|{leaf.shape}|".encode())
         digest.update(np.ascontiguousarray(leaf).tobytes())
     return digest.hexdigest()
+
+
+def tree_checksum(tree) -> str:
+    """Hex SHA-256 of a pytree's contents (leaf paths, dtypes, shapes and bytes, in order)."""
+    return _checksum(_host_leaves(tree))
+
+
+def inspect_for_checkpoint(tree) -> tuple[Optional[str], str]:
+    """``(first_nonfinite_leaf(tree), tree_checksum(tree))`` from one host copy of the tree."""
+    leaves = _host_leaves(tree)
+    return _first_bad(leaves), _checksum(leaves)
 
 
 def _inf_allowed(name: str) -> bool:
@@ -72,7 +82,11 @@ def _bad_fraction(leaf: np.ndarray, name: str) -> Optional[str]:
 
 def first_nonfinite_leaf(tree) -> Optional[str]:
     """``"path: k of n values NaN"`` for the first leaf breaking the guard's rule, else ``None``."""
-    for path, leaf in _host_leaves(tree):
+    return _first_bad(_host_leaves(tree))
+
+
+def _first_bad(leaves: list[tuple[str, np.ndarray]]) -> Optional[str]:
+    for path, leaf in leaves:
         problem = _bad_fraction(leaf, path)
         if problem is not None:
             return f"{path or '<root>'}: {problem}"
@@ -125,5 +139,5 @@ def nonfinite_cells(metrics: Mapping[str, Any]) -> dict[int, tuple[int, str]]:
     return dict(sorted(cells.items()))
 
 
-__all__ = ["NonFiniteError", "first_nonfinite_leaf", "first_nonfinite_metric", "nonfinite_cells",
-           "tree_checksum", "tree_is_finite"]
+__all__ = ["NonFiniteError", "first_nonfinite_leaf", "first_nonfinite_metric", "inspect_for_checkpoint",
+           "nonfinite_cells", "tree_checksum", "tree_is_finite"]
