@@ -6,7 +6,7 @@ degrade. Beyond the paper (the reviewers' complaints): ≥ 5 seeds, learning cur
 an extra baseline, a δ sweep and a component ablation.
 
 Every (task, variant) pair is one compiled program: ``train`` vmapped over the
-``fresh_rl.sweep.product_grid`` of seeds × lag levels (× δ values for VACO) with
+``fresh_rl.sweep.product_grid`` of seeds × lag levels (× δ values for VACO, × β for ppo_kl_fixed) with
 :class:`fresh_rl.control.HyperParams`, sharded over all devices by ``fresh_rl.sweep.run_sharded``
 (the same grid, keys and program as ``fresh-rl sweep``). Finished pairs are saved to
 ``results/vaco/runs/*.npz`` as they complete, so an interrupted sweep resumes where it stopped
@@ -43,8 +43,8 @@ import numpy as np
 
 from fresh_rl.compilation_cache import CompileMeter, add_compilation_cache_flag, enable_from_args
 from fresh_rl.control import TrainConfig, train
-from fresh_rl.control.presets import (ABLATIONS, KEY_SCHEDULE, PAPER_DELTA, VACO_SCALES, Scale, saved_run_matches,
-                                      study_variants, variant_config, variant_grid)
+from fresh_rl.control.presets import (ABLATIONS, KEY_SCHEDULE, SWEPT_BASELINES, VACO_SCALES, Scale, headline_index,
+                                      saved_run_matches, study_variants, variant_config, variant_grid)
 from fresh_rl.eval import AGGREGATE_METRICS, aggregate_intervals, final_score, initial_score, seed_interval
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance
 from fresh_rl.sweep import nonfinite_cells, run_sharded, to_host
@@ -111,18 +111,19 @@ def run_all(scale: Scale, out_dir: Path, seed: int, fresh: bool, log=print) -> d
             tmp.replace(path)  # atomic: an interrupted write never leaves a half file
             log(f"{task.name} {variant}: compile {res['compile_s']:.0f}s run {res['run_s']:.0f}s "
                 f"({res['env_steps'] / res['run_s']:.0f} env steps/s over all runs); final return by lag "
-                f"{np.round(final_score(data['episode_return'])[:, _delta_index(data)].mean(-1), 1).tolist()}")
+                f"{np.round(final_score(data['episode_return'])[:, _delta_index(variant, data)].mean(-1), 1).tolist()}")
             results[(task.name, variant)] = data
     return results
 
 
-def _delta_index(data) -> int:
-    deltas = list(np.asarray(data["deltas"]).tolist())
-    return deltas.index(PAPER_DELTA) if PAPER_DELTA in deltas else 0
+def _delta_index(variant: str, data) -> int:
+    """The swept value ``variant`` is reported with (``fresh_rl.control.presets.headline_index``)."""
+    return headline_index(variant, data["deltas"], final_score(data["episode_return"]))
 
 
 def score_tables(scale: Scale, results: dict):
-    """Normalised final scores: {(variant, lag, delta): [seeds, tasks_with_variant]} and bounds."""
+    """Normalised final scores: {(variant, lag, delta): [seeds, tasks_with_variant]} and bounds;
+    delta ``"headline"`` holds the value each variant is reported with (``_delta_index``)."""
     bounds = {}
     for task in scale.tasks:
         datas = [d for (t, _), d in results.items() if t == task.name]
@@ -137,6 +138,7 @@ def score_tables(scale: Scale, results: dict):
         for li, lag in enumerate(np.asarray(d["lags"]).tolist()):
             for di, delta in enumerate(np.asarray(d["deltas"]).tolist()):
                 scores.setdefault((variant, lag, delta), {})[task_name] = norm[li, di]
+            scores.setdefault((variant, lag, "headline"), {})[task_name] = norm[li, _delta_index(variant, d)]
     return scores, bounds
 
 
@@ -186,7 +188,7 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
                 d = results.get((task_name, variant))
                 if d is None:
                     continue
-                di = _delta_index(d)
+                di = _delta_index(variant, d)
                 steps = (np.arange(d["episode_return"].shape[-1]) + 1) * int(d["batch_size"])
                 for li, lag in enumerate(d["lags"].tolist()):
                     mean, low, high = seed_interval(d["episode_return"][li, di], axis=0, reps=reps)
@@ -211,7 +213,7 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
     for lag in scale.lags:
         score_dict = {}
         for variant in scale.methods:
-            mat = _matrix(scores.get((variant, lag, PAPER_DELTA), {}), tasks)
+            mat = _matrix(scores.get((variant, lag, "headline"), {}), tasks)
             if mat is not None:
                 score_dict[variant] = mat
         agg[lag] = aggregate_intervals(score_dict, reps=reps)
@@ -280,7 +282,7 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
         for lag in scale.lags:
             sd = {}
             for variant in ("vaco",) + tuple(scale.ablations) + tuple(m for m in scale.methods if m != "vaco"):
-                mat = _matrix(scores.get((variant, lag, PAPER_DELTA), {}), ablation_tasks)
+                mat = _matrix(scores.get((variant, lag, "headline"), {}), ablation_tasks)
                 if mat is not None:
                     sd[variant] = mat
             ablation_agg[lag] = aggregate_intervals(sd, reps=reps)
@@ -310,7 +312,7 @@ def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, head
               "| task | variant | " + " | ".join(f"lag {lag}" for lag in scale.lags) + " |",
               "|---|---|" + "---|" * len(scale.lags)]
     for (task_name, variant), d in sorted(results.items()):
-        fin = final_score(d["episode_return"])[:, _delta_index(d)]  # [L, S]
+        fin = final_score(d["episode_return"])[:, _delta_index(variant, d)]  # [L, S]
         cells = []
         for li in range(fin.shape[0]):
             ok = np.isfinite(fin[li])
@@ -318,6 +320,11 @@ def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, head
             diverged = f" ({int((~ok).sum())} diverged)" if not ok.all() else ""
             cells.append(f"{float(m):.1f} ± {float(hi - lo) / 2:.1f}{diverged}")
         lines.append(f"| {task_name} | {variant} | " + " | ".join(cells) + " |")
+    tuned = [f"{v} on {t}: {float(d['deltas'][_delta_index(v, d)]):g}"
+             for (t, v), d in sorted(results.items()) if v in SWEPT_BASELINES]
+    if tuned:
+        lines += ["", f"Baselines with their own grid are reported at their best value at lag {scale.lags[0]}: "
+                  + ", ".join(tuned) + "."]
     lines += ["", "## Aggregates over all tasks (main methods)", "",
               "| lag | method | " + " | ".join(AGGREGATE_METRICS) + " |", "|---|---|" + "---|" * 4]
     for lag in scale.lags:

@@ -125,6 +125,7 @@ def test_every_method_returns_finite_metrics(method_runs):
             assert np.all(np.isfinite(np.asarray(value))), (method, name)
         assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(out.params)), method
         assert "loss/loss" in out.metrics and "loss/value_loss" in out.metrics
+        assert np.all(np.asarray(out.metrics["lag/forward_tv"]) > 0), method  # forward lag, every method
     assert "loss/mask_fraction" in method_runs["vaco"].metrics
     assert "loss/clip_fraction" in method_runs["ppo_clip"].metrics
     # align-only never filters; the IMPALA loss has no clip or filter at all

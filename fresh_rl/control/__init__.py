@@ -1,7 +1,7 @@
 """Control RL on gymnax and Brax with simulated policy lag.
 
-* :mod:`.networks` — actor-critic MLPs (categorical / Gaussian with state-independent log-std),
-  log-prob, entropy, sampling.
+* :mod:`.networks` — actor-critic MLPs, or a CNN then the MLP on image observations
+  (categorical / Gaussian with state-independent log-std), log-prob, entropy, sampling, mode.
 * :mod:`.env_types` — what both env adapters share: ``EnvSpec``, ``VecEnvState``,
   ``StepOutput``, running observation normalisation, terminated ≠ truncated, episode bookkeeping.
 * :mod:`.envs` — vectorised gymnax 1.x adapter with auto-reset; ``make_vec_env`` dispatches env ids.
@@ -12,11 +12,14 @@
   PPO-clip, PPO-KL, SPO, IMPALA, VACO and its ablations.
 * :mod:`.train` — ``TrainConfig`` and the jittable, seed- and hyperparameter-vmappable
   ``train(config, key, hparams)``, with backward lag from the version ring.
+* :mod:`.evaluation` — ``evaluate``: episode returns of given (e.g. the learner's) parameters
+  on fresh envs with frozen observation statistics; the trainer's ``eval/…`` metrics.
 """
 from fresh_rl.control.brax_envs import BRAX_BACKENDS, BraxVecEnv, brax_env_names
 from fresh_rl.control.env_types import EnvSpec, RunningStats, StepOutput, VecEnvState
 from fresh_rl.control.envs import VecEnv, env_names, gymnax_env_names, make_vec_env
-from fresh_rl.control.networks import ActorCritic, PolicyOutput, entropy, log_prob, sample
+from fresh_rl.control.evaluation import evaluate, evaluation_key
+from fresh_rl.control.networks import ActorCritic, PolicyOutput, entropy, log_prob, mode, sample
 from fresh_rl.control.hyperparams import HyperParams
 from fresh_rl.control.methods import ADVANTAGE_NORMALIZATIONS, METHODS, Method, register_method
 from fresh_rl.control.train import (
@@ -52,10 +55,13 @@ __all__ = [
     "brax_env_names",
     "entropy",
     "env_names",
+    "evaluate",
+    "evaluation_key",
     "gymnax_env_names",
     "init_state",
     "log_prob",
     "make_vec_env",
+    "mode",
     "register_method",
     "sample",
     "train",

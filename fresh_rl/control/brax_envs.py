@@ -111,6 +111,11 @@ class BraxVecEnv:
     def spec(self) -> EnvSpec:
         return _spec(self.name, self.backend)
 
+    @property
+    def time_limit(self) -> int:
+        """Agent steps per episode before truncation: ``⌈episode_length / action_repeat⌉``."""
+        return -(-self.episode_length // self.action_repeat)
+
     def _reset_all(self, key: chex.PRNGKey):
         return jax.vmap(_task(self.name, self.backend).reset)(jax.random.split(key, self.num_envs))
 
@@ -134,8 +139,7 @@ class BraxVecEnv:
         (stepped, alive, reward), _ = jax.lax.scan(
             sub_step, (state.env_state, zeros + 1.0, zeros), length=self.action_repeat)
         terminated = alive == 0.0
-        limit = -(-self.episode_length // self.action_repeat)  # ⌈episode_length / r⌉ agent steps
-        truncated = state.episode_length + 1 >= limit
+        truncated = state.episode_length + 1 >= self.time_limit
         done = terminated | truncated
 
         pick = lambda new, old: jnp.where(done.reshape(done.shape + (1,) * (old.ndim - 1)), new, old)

@@ -11,7 +11,8 @@ as ``False``: the episode really ended, the time limit adds nothing.
 **Observation normalisation** (optional, ``normalize_obs``): running mean/variance over the first reset
 batch and every successor observation s_{t+1} the actors receive (parallel Welford merge of
 each step's batch of ``num_envs`` observations; later reset observations are not added, our
-choice), ``ô = clip((o − μ)/√(σ² + 1e-8), ±obs_clip)``. The statistics are
+choice), ``ô = clip((o − μ)/√(σ² + 1e-8), ±obs_clip)``, elementwise: one mean and variance per
+entry of the observation shape (per pixel and channel of an image ``[H, W, C]``). The statistics are
 updated *before* the step's observations are normalised, and ``obs`` and ``next_obs`` of one
 step use the same statistics, so ``next_obs_t`` equals ``obs_{t+1}`` on non-final steps. The
 trainer stores normalised observations, so behaviour and learner log-probs see identical
@@ -37,7 +38,7 @@ class EnvSpec:
     """Static shape information of an environment.
 
     Attributes:
-      obs_shape: shape of one observation.
+      obs_shape: shape of one observation: ``[D]`` (vector) or ``[H, W, C]`` (image).
       discrete: categorical actions (True) or a continuous box (False).
       action_dim: number of actions (discrete) or box dimension (continuous).
       action_low, action_high: box bounds (continuous; ``None`` for discrete).

@@ -13,7 +13,9 @@ episode bookkeeping live in :mod:`fresh_rl.control.env_types`; :class:`VecEnv` o
 the raw ``(obs, final_obs, reward, terminated, truncated)`` of a step and calls them.
 
 **Env ids** (:func:`env_names`, :func:`make_vec_env`): gymnax ids as gymnax spells them, and
-``"brax/<name>"`` for every Brax registry entry.
+``"brax/<name>"`` for every Brax registry entry. Observations keep the env's own shape: vectors
+``[D]`` (classic control, Brax) or images ``[H, W, C]`` (MinAtar, e.g. ``Breakout-MinAtar``
+``[10, 10, 4]``); the trainer picks the network's encoder from the rank.
 """
 from __future__ import annotations
 
@@ -92,6 +94,12 @@ class VecEnv:
             action_low=float(np.min(np.asarray(space.low))),
             action_high=float(np.max(np.asarray(space.high))),
         )
+
+    @property
+    def time_limit(self) -> int:
+        """Agent steps after which an episode is truncated (gymnax ``max_steps_in_episode``)."""
+        _, params = self._make()
+        return int(params.max_steps_in_episode)
 
     def reset(self, key: chex.PRNGKey) -> tuple[VecEnvState, jax.Array]:
         """Reset all envs; returns the state and the (normalised) first observations."""

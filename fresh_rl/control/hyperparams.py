@@ -36,8 +36,8 @@ MAX_ALLOCATION_BYTES: int = 16 * 2**30
 (``validate(config, max_bytes=...)``) or for the process (assign this module attribute)."""
 
 METRICS_PER_ITERATION: int = 40
-"""Upper bound on the float32 metrics one iteration records (32 for VACO today, plus the host
-loop's wall time), used by :func:`allocation_estimate`."""
+"""Upper bound on the float32 metrics one iteration records (36 for VACO with learner
+evaluation, plus the host loop's wall time), used by :func:`allocation_estimate`."""
 
 
 @functools.lru_cache(maxsize=64)

@@ -8,33 +8,59 @@ fields, so a new method is one :func:`register_method` call.
 **Reference policies (our choices).**
   * ppo_clip / ppo_kl / spo: ratio ``π_θ/β`` with the stored behaviour log-prob, what a naive
     asynchronous PPO does (VACO, arXiv 2603.01365; docs/vaco.md, "behaviour" reference); at lag 0 β = π_T.
-  * vaco / vaco_filter_only: ``VACOConfig.reference`` (default π_T, forward lag only).
+  * vaco / vaco_tv / vaco_l1 / vaco_filter_only: ``VACOConfig.reference`` (default π_T, forward
+    lag only). ``vaco_tv`` and ``vaco_l1`` fix the δ convention (filter when D̂ > δ, resp.
+    mean|r − 1| > δ); ``vaco`` reads ``VACOConfig.threshold_convention`` (default ``"tv"``, so
+    ``vaco`` ≡ ``vaco_tv``; kept for saved results).
   * vaco_align_only: VACO's loss with the TV filter off (δ = ∞): unclipped ``−mean r Â`` with
     r = π_θ/π_T and realigned Â, the literal ablation with no trust region at all.
   * vaco_filter_only: GAE advantages on V_T (no importance correction), VACO's filtered loss.
   * impala: minibatches are whole env rows; V-trace (log ρ = log π_θ − log β, detached) and
-    V_θ are recomputed with the current parameters at every step (IMPALA, arXiv 1802.01561 §4).
+    V_θ are recomputed with the current parameters at every step, one pass over each batch
+    (IMPALA, arXiv 1802.01561 §4: every sample is used by one SGD step).
 
-**Advantage normalisation** defaults: ``"scale"`` (Â/std, no centring) when the ratio's
-reference is not β, ``"standardize"`` otherwise: subtracting c from Â adds ``c·mean(r)`` to
-the loss, whose expected gradient vanishes only when E_β[r] = 1, i.e. r = π_θ/β.
+**Passes.** One pass = one epoch over the batch = ``num_minibatches`` SGD steps, each sample
+used once. ``Method.passes_per_batch`` is the method's default (``None`` = ``num_epochs``);
+``TrainConfig.passes_per_batch`` overrides it for any method.
+
+**Advantage normalisation** (per minibatch, σ = std Â): ``"standardize"`` (Â − mean Â)/σ,
+``"scale"`` Â/σ, ``"none"``, and ``"centered_ratio"`` (Â − c·b)/σ with the unbiased baseline
+weight b of :func:`centring_weight`. Why centring needs b: a loss linear in Â has per-sample
+gradient −Â·w·∇log π_θ(a|s), with w = π_θ/π_ref for ratio losses (``loss_form="ratio"``) and
+w = 1 for −Â·log π_θ (``loss_form="log_prob"``). Replacing Â by Â − c·b adds c·b·w·∇log π_θ,
+and over actions a ~ β (the data)
+
+    E_β[b·w·∇log π_θ] = Σ_a β(a)·b(a)·w(a)·∇π_θ(a)/π_θ(a),
+
+which vanishes for every θ when b·w = π_θ/β: then it is Σ_a ∇π_θ(a) = ∇ Σ_a π_θ(a) = ∇1 = 0.
+So b = π_θ/(β·w): b = 1 for a ratio against β (plain centring is unbiased), b = π_T/β for a
+ratio against π_T, b = π_θ/β for IMPALA's −Â·log π_θ; with b = 1 in the last two cases the
+term is c·E_β[w·∇log π_θ] ≠ 0 once π_θ ≠ β. Defaults: ``"standardize"`` where b ≡ 1
+(ppo_clip, ppo_kl, spo), ``"scale"`` elsewhere. The identity holds where the loss is
+unclipped; a clip or filter that zeroes a sample's gradient drops its baseline term too, as it
+does for plain centring.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
+import chex
 import jax
+import jax.numpy as jnp
 
 from fresh_rl.control.hyperparams import HyperParams
 from fresh_rl.corrections import impala_policy_gradient_loss, ppo_clip_loss, ppo_kl_loss, spo_loss, vaco_policy_loss
-from fresh_rl.validation import require_choice
+from fresh_rl.validation import require_choice, require_int
 
 ADVANTAGE_SOURCES: tuple[str, ...] = ("gae", "vtrace", "vtrace_per_step")
 REFERENCES: tuple[str, ...] = ("behaviour", "learner_start")
-ADVANTAGE_NORMALIZATIONS: tuple[str, ...] = ("standardize", "scale", "none")
+ADVANTAGE_NORMALIZATIONS: tuple[str, ...] = ("standardize", "scale", "none", "centered_ratio")
 MINIBATCH_LAYOUTS: tuple[str, ...] = ("samples", "env_rows")
+LOSS_FORMS: tuple[str, ...] = ("ratio", "log_prob")
+THRESHOLD_CONVENTIONS: tuple[str, ...] = ("tv", "l1")
 SHARED_HYPERPARAMS: tuple[str, ...] = ("lag", "learning_rate", "entropy_coef", "value_coef", "gamma")
 """The :class:`~fresh_rl.control.hyperparams.HyperParams` leaves every method reads (``lag``
 only with ``delay.kind="fixed"``)."""
@@ -62,12 +88,23 @@ class Method:
       reference: ``"behaviour"`` (β) or ``"learner_start"`` (π_T): what ``reference_log_prob``
         holds.
       default_normalization: advantage normalisation when ``config.advantage_normalization``
-        is ``None``: ``"standardize"``, ``"scale"`` or ``"none"``.
+        is ``None``: one of :data:`ADVANTAGE_NORMALIZATIONS` (see the module docstring).
+      loss_form: how ``policy_loss`` depends on log π_θ, which sets the unbiased centring weight
+        of ``"centered_ratio"`` (:func:`centring_weight`): ``"ratio"`` — a function of
+        r·Â with r = π_θ/π_ref (π_ref per ``reference``); ``"log_prob"`` — −Â·log π_θ.
+      passes_per_batch: the method's passes (epochs) over each batch, one pass =
+        ``num_minibatches`` SGD steps; ``None`` = ``config.num_epochs``. Overridden by
+        ``config.passes_per_batch``.
+      threshold_convention: VACO's δ convention fixed by this method (``"tv"`` or ``"l1"``, see
+        :class:`~fresh_rl.corrections.VACOConfig`), replacing ``config.vaco.threshold_convention``;
+        ``None`` = read the config.
       minibatch_layout: ``"samples"`` (shuffle all N·T samples) or ``"env_rows"`` (shuffle
         whole env rows ``[N/M, T]``; ``num_minibatches`` must divide ``num_envs``).
       loss_hyperparams: the HyperParams leaves ``policy_loss`` reads, beyond
         :data:`SHARED_HYPERPARAMS` (e.g. ``("vaco_delta",)``); a sweep over any other leaf
         would not change the run (``fresh-rl sweep`` refuses it).
+      loss_config: the static ``TrainConfig`` fields ``policy_loss`` reads (e.g. ``("ppo_clip",)``),
+        listed by :func:`method_table`.
     """
 
     name: str
@@ -77,6 +114,10 @@ class Method:
     default_normalization: str = "standardize"
     minibatch_layout: str = "samples"
     loss_hyperparams: tuple[str, ...] = ()
+    loss_config: tuple[str, ...] = ()
+    loss_form: str = "ratio"
+    passes_per_batch: Optional[int] = None
+    threshold_convention: Optional[str] = None
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -87,6 +128,13 @@ class Method:
         require_choice("Method.reference", self.reference, REFERENCES)
         require_choice("Method.default_normalization", self.default_normalization, ADVANTAGE_NORMALIZATIONS)
         require_choice("Method.minibatch_layout", self.minibatch_layout, MINIBATCH_LAYOUTS)
+        require_choice("Method.loss_form", self.loss_form, LOSS_FORMS)
+        if not all(isinstance(name, str) and name for name in self.loss_config):
+            raise ValueError(f"Method.loss_config must hold TrainConfig field names, got {self.loss_config!r}")
+        if self.passes_per_batch is not None:
+            require_int("Method.passes_per_batch", self.passes_per_batch, 1)
+        if self.threshold_convention is not None:
+            require_choice("Method.threshold_convention", self.threshold_convention, THRESHOLD_CONVENTIONS)
         for name in self.loss_hyperparams:
             require_choice("every entry of Method.loss_hyperparams", name, HyperParams.field_names())
         if self.advantages == "vtrace_per_step" and self.minibatch_layout != "env_rows":
@@ -129,26 +177,83 @@ def _impala(logp, mb, hparams, config):
     return impala_policy_gradient_loss(logp, mb["reference_log_prob"], mb["advantage"])
 
 
-def _vaco(logp, mb, hparams, config):
+def _vaco_config(config):
+    """``config.vaco`` with the method's fixed δ convention, if it fixes one."""
+    fixed = config.method_spec.threshold_convention
+    return config.vaco if fixed is None else dataclasses.replace(config.vaco, threshold_convention=fixed)
+
+
+def _vaco(logp, mb, hparams, config, delta=None):
     return vaco_policy_loss(logp, mb["learner_log_prob"], mb["behaviour_log_prob"], mb["advantage"],
-                            config=config.vaco, delta=hparams.vaco_delta)
+                            config=_vaco_config(config), delta=hparams.vaco_delta if delta is None else delta)
 
 
-def _vaco_unfiltered(logp, mb, hparams, config):
-    return vaco_policy_loss(logp, mb["learner_log_prob"], mb["behaviour_log_prob"], mb["advantage"],
-                            config=config.vaco, delta=math.inf)
+_vaco_unfiltered = functools.partial(_vaco, delta=math.inf)
 
+
+def centring_weight(method: Method, log_prob: jax.Array, reference_log_prob: jax.Array,
+                    behaviour_log_prob: jax.Array) -> jax.Array:
+    """The unbiased baseline weight b = π_θ/(β·w) of ``"centered_ratio"``, detached.
+
+    ``w`` is the loss's weight on Â·∇log π_θ (module docstring): for ``loss_form="ratio"``
+    w = π_θ/π_ref, so b = π_ref/β (``exp(reference_log_prob − behaviour_log_prob)``; 1 when the
+    reference is β); for ``"log_prob"`` w = 1, so b = π_θ/β = ``exp(log_prob − behaviour_log_prob)``.
+    Then E_β[b·w·∇log π_θ] = Σ_a ∇π_θ(a) = 0, so subtracting c·b from Â adds no bias.
+    π_ref is ``Method.reference``: a VACO run with ``VACOConfig.reference="behaviour"`` (ratio
+    against β, so b should be 1) still gets b = π_T/β here.
+    """
+    chex.assert_equal_shape([log_prob, reference_log_prob, behaviour_log_prob])
+    numerator = log_prob if method.loss_form == "log_prob" else reference_log_prob
+    return jnp.exp(jax.lax.stop_gradient(numerator - behaviour_log_prob))
+
+
+_VACO = dict(advantages="vtrace", reference="learner_start", default_normalization="scale", loss_config=("vaco",))
 
 for _method in (
-    Method("ppo_clip", _ppo_clip),
-    Method("ppo_kl", _ppo_kl, loss_hyperparams=("kl_coef",)),
-    Method("spo", _spo),
-    Method("impala", _impala, advantages="vtrace_per_step", minibatch_layout="env_rows"),
-    Method("vaco", _vaco, advantages="vtrace", reference="learner_start", default_normalization="scale",
-           loss_hyperparams=("vaco_delta",)),
-    Method("vaco_align_only", _vaco_unfiltered, advantages="vtrace", reference="learner_start",
-           default_normalization="scale"),
+    Method("ppo_clip", _ppo_clip, loss_config=("ppo_clip",)),
+    Method("ppo_kl", _ppo_kl, loss_hyperparams=("kl_coef",), loss_config=("ppo_kl", "kl_adaptive")),
+    Method("spo", _spo, loss_config=("spo",)),
+    Method("impala", _impala, advantages="vtrace_per_step", minibatch_layout="env_rows",
+           default_normalization="scale", loss_form="log_prob", passes_per_batch=1),
+    Method("vaco", _vaco, **_VACO, loss_hyperparams=("vaco_delta",)),
+    Method("vaco_tv", _vaco, **_VACO, loss_hyperparams=("vaco_delta",), threshold_convention="tv"),
+    Method("vaco_l1", _vaco, **_VACO, loss_hyperparams=("vaco_delta",), threshold_convention="l1"),
+    Method("vaco_align_only", _vaco_unfiltered, **_VACO),
     Method("vaco_filter_only", _vaco, reference="learner_start", default_normalization="scale",
-           loss_hyperparams=("vaco_delta",)),
+           loss_hyperparams=("vaco_delta",), loss_config=("vaco",)),
 ):
     register_method(_method)
+
+_ADVANTAGE_NAMES = {"gae": "GAE(λ) on V_T, per batch", "vtrace": "V-trace on V_T (π_T/β), per batch",
+                    "vtrace_per_step": "V-trace on V_θ (π_θ/β), every step"}
+_REFERENCE_NAMES = {"behaviour": "β", "learner_start": "π_T"}
+METHOD_TABLE_COLUMNS: tuple[str, ...] = ("method", "advantages", "reference", "loss form", "normalisation",
+                                         "passes per batch", "minibatch layout", "loss hyperparameters")
+
+
+def method_table() -> list[dict[str, str]]:
+    """One row per registered method (columns :data:`METHOD_TABLE_COLUMNS`, values as text):
+    advantage source, ratio reference, loss form, default normalisation, passes per batch
+    (``num_epochs`` when the method has no default), minibatch layout and the loss's
+    hyperparameters: traced HyperParams leaves ("traced …"), static TrainConfig fields
+    ("config …") and a fixed δ convention."""
+    rows = []
+    for m in METHODS.values():
+        loss_hp = [f"{kind} {', '.join(names)}" for kind, names in
+                   (("traced", m.loss_hyperparams), ("config", m.loss_config)) if names]
+        if m.threshold_convention is not None:
+            loss_hp.append(f"δ convention {m.threshold_convention}")
+        rows.append(dict(zip(METHOD_TABLE_COLUMNS, (
+            m.name, _ADVANTAGE_NAMES[m.advantages], _REFERENCE_NAMES[m.reference],
+            "−Â·log π_θ" if m.loss_form == "log_prob" else "ratio r·Â", m.default_normalization,
+            "num_epochs" if m.passes_per_batch is None else str(m.passes_per_batch),
+            m.minibatch_layout, "; ".join(loss_hp) or "—"))))
+    return rows
+
+
+def method_table_markdown() -> str:
+    """:func:`method_table` as a Markdown table (printed in docs/vaco.md and results READMEs)."""
+    lines = ["| " + " | ".join(METHOD_TABLE_COLUMNS) + " |", "|" + "---|" * len(METHOD_TABLE_COLUMNS)]
+    lines += ["| " + " | ".join(f"`{v}`" if k == "method" else v for k, v in row.items()) + " |"
+              for row in method_table()]
+    return "\n".join(lines)

@@ -1,8 +1,14 @@
-"""Actor-critic MLPs (flax.linen) and the log-prob / entropy / sampling of their policies.
+"""Actor-critic networks (flax.linen) and the log-prob / entropy / sampling of their policies.
 
-Two independent MLP towers (no shared torso, our choice, as in most continuous-control PPO
+Two independent towers (no shared torso, our choice, as in most continuous-control PPO
 setups): the actor maps an observation to a :class:`PolicyOutput`, the critic to a scalar
-V(s).
+V(s). Each tower is an MLP on vector observations ``[D]`` (``encoder="mlp"``); on image
+observations ``[H, W, C]`` (``encoder="cnn"``) it first applies ``len(conv_channels)``
+convolutions (``conv_kernel_size`` square kernels, stride 1, VALID padding, the tower's
+activation) and flattens, then the MLP. This is the MinAtar network (Young & Tian, arXiv
+1903.03176 §4: one 3×3 conv with 16 channels, stride 1, then a 128-unit dense layer, ReLU);
+the default sizes here are our choice (``conv_channels=(16,)``, ``conv_kernel_size=3``, the
+MLP's ``hidden_sizes``), and each tower has its own convolution (our choice, as for the MLP).
 
 * **Discrete** (categorical) policy: ``loc`` holds the logits ``z``; ``log_std`` is ``None``::
 
@@ -19,8 +25,10 @@ V(s).
   environment sees them and log-probs are those of the unclipped sample (our choice, the
   usual PPO practice; no tanh squashing).
 
-Initialisation (our choice): orthogonal, gain √2 on hidden layers, 0.01 on the policy head,
-1.0 on the value head, zero biases; initial log-std ``init_log_std`` (default 0 ⇒ σ = 1).
+Initialisation (our choice): orthogonal, gain √2 on hidden and convolution layers, 0.01 on the
+policy head, 1.0 on the value head, zero biases; initial log-std ``init_log_std`` (default 0 ⇒
+σ = 1). A convolution kernel ``[k, k, C_in, C_out]`` is orthogonal as the matrix
+``[k·k·C_in, C_out]`` (flax's ``orthogonal`` convention: every axis but the last is fan-in).
 ``net.init`` draws each kernel with flax's own key per parameter; :func:`init_params` makes the
 same distribution (exactly orthogonal kernels, same gains) from ONE normal draw and one batched
 QR per distinct kernel shape, which keeps the trainer's compiled program small (flax's path costs
@@ -39,6 +47,9 @@ import numpy as np
 from flax import struct
 
 ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu}
+ENCODERS: tuple[str, ...] = ("mlp", "cnn")
+OBS_RANK = {"mlp": 1, "cnn": 3}
+"""Observation rank each encoder takes: ``[D]`` for the MLP, ``[H, W, C]`` for the CNN."""
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
@@ -59,6 +70,22 @@ class PolicyOutput:
         return self.log_std is None
 
 
+def _conv_encoder(x, channels, kernel_size, activation, name):
+    """VALID stride-1 convolutions over ``[..., H, W, C]``, then flatten the last three axes."""
+    act = ACTIVATIONS[activation]
+    for i, width in enumerate(channels):
+        x = nn.Conv(width, (kernel_size, kernel_size), padding="VALID",
+                    kernel_init=nn.initializers.orthogonal(np.sqrt(2.0)),
+                    bias_init=nn.initializers.zeros, name=f"{name}_conv_{i}")(x)
+        x = act(x)
+    return x.reshape(*x.shape[:-3], -1)
+
+
+def conv_output_size(size: int, num_layers: int, kernel_size: int) -> int:
+    """Spatial size after ``num_layers`` VALID stride-1 convolutions: ``size − L·(k − 1)``."""
+    return size - num_layers * (kernel_size - 1)
+
+
 def _mlp(x, hidden_sizes, activation, out_dim, out_gain, name):
     act = ACTIVATIONS[activation]
     for i, width in enumerate(hidden_sizes):
@@ -70,14 +97,18 @@ def _mlp(x, hidden_sizes, activation, out_dim, out_gain, name):
 
 
 class ActorCritic(nn.Module):
-    """``apply(params, obs) → (PolicyOutput, value)`` for obs ``[..., obs_dim]``; value ``[...]``.
+    """``apply(params, obs) → (PolicyOutput, value)`` for obs ``[..., obs_dim]`` (``encoder="mlp"``)
+    or ``[..., H, W, C]`` (``encoder="cnn"``); value ``[...]``.
 
     Attributes:
       action_dim: number of discrete actions, or the continuous action dimension.
       discrete: categorical (True) or Gaussian (False) policy.
-      hidden_sizes: widths of the hidden layers of each tower.
-      activation: "tanh" or "relu".
+      hidden_sizes: widths of the hidden layers of each tower's MLP.
+      activation: "tanh" or "relu" (every hidden and convolution layer).
       init_log_std: initial log σ of the Gaussian policy.
+      encoder: "mlp" (vector observations) or "cnn" (image observations).
+      conv_channels: output channels of each convolution (``encoder="cnn"`` only).
+      conv_kernel_size: side k of the square convolution kernels (``encoder="cnn"`` only).
     """
 
     action_dim: int
@@ -85,12 +116,20 @@ class ActorCritic(nn.Module):
     hidden_sizes: Sequence[int] = (64, 64)
     activation: str = "tanh"
     init_log_std: float = 0.0
+    encoder: str = "mlp"
+    conv_channels: Sequence[int] = (16,)
+    conv_kernel_size: int = 3
+
+    def _tower(self, obs, out_dim, out_gain, name):
+        if self.encoder == "cnn":
+            obs = _conv_encoder(obs, self.conv_channels, self.conv_kernel_size, self.activation, name)
+        return _mlp(obs, self.hidden_sizes, self.activation, out_dim, out_gain, name)
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> tuple[PolicyOutput, jax.Array]:
         obs = obs.astype(jnp.float32)
-        loc = _mlp(obs, self.hidden_sizes, self.activation, self.action_dim, 0.01, "actor")
-        value = _mlp(obs, self.hidden_sizes, self.activation, 1, 1.0, "critic")[..., 0]
+        loc = self._tower(obs, self.action_dim, 0.01, "actor")
+        value = self._tower(obs, 1, 1.0, "critic")[..., 0]
         if self.discrete:
             return PolicyOutput(loc=loc), value
         log_std = self.param("log_std", nn.initializers.constant(self.init_log_std), (self.action_dim,))
@@ -98,9 +137,14 @@ class ActorCritic(nn.Module):
 
 
 def _gain(layer_name: str) -> float:
-    if "_hidden_" in layer_name:
+    if "_hidden_" in layer_name or "_conv_" in layer_name:
         return float(np.sqrt(2.0))
     return 0.01 if layer_name.startswith("actor") else 1.0
+
+
+def _matrix_shape(kernel_shape: tuple[int, ...]) -> tuple[int, int]:
+    """``(fan_in, fan_out)`` of a dense ``[n_in, n_out]`` or conv ``[k, k, C_in, C_out]`` kernel."""
+    return math.prod(kernel_shape[:-1]), kernel_shape[-1]
 
 
 def init_params(net: ActorCritic, key: chex.PRNGKey, obs: jax.Array):
@@ -111,7 +155,8 @@ def init_params(net: ActorCritic, key: chex.PRNGKey, obs: jax.Array):
     Kernel ``[n_in, n_out]`` = gain · Q (transposed when n_in < n_out) with ``A = Q R`` the QR of a
     standard normal ``max(n_in, n_out) × min(n_in, n_out)`` matrix and Q's columns signed by
     ``sign(diag R)``: Haar-distributed, exactly orthogonal columns (rows) — the construction of
-    ``jax.nn.initializers.orthogonal``, only the random stream differs.
+    ``jax.nn.initializers.orthogonal``, only the random stream differs. A convolution kernel
+    ``[k, k, C_in, C_out]`` is made as the matrix ``[k·k·C_in, C_out]`` and reshaped back.
     """
     shapes = jax.eval_shape(net.init, jax.random.PRNGKey(0), obs)
     params = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
@@ -122,7 +167,7 @@ def init_params(net: ActorCritic, key: chex.PRNGKey, obs: jax.Array):
     # group kernels by the matrix whose QR makes them, draw every matrix at once
     groups: dict[tuple[int, int], list[str]] = {}
     for name in kernels:
-        n_in, n_out = inner[name]["kernel"].shape
+        n_in, n_out = _matrix_shape(inner[name]["kernel"].shape)
         groups.setdefault((max(n_in, n_out), min(n_in, n_out)), []).append(name)
     sizes = [len(names) * rows * cols for (rows, cols), names in groups.items()]
     flat = jax.random.normal(key, (sum(sizes),), jnp.float32)
@@ -134,7 +179,8 @@ def init_params(net: ActorCritic, key: chex.PRNGKey, obs: jax.Array):
         q = q * jnp.sign(jnp.diagonal(r, axis1=-2, axis2=-1))[:, None, :]
         for i, name in enumerate(names):
             shape = inner[name]["kernel"].shape
-            kernel = q[i] if shape[0] >= shape[1] else q[i].T
+            n_in, n_out = _matrix_shape(shape)
+            kernel = (q[i] if n_in >= n_out else q[i].T).reshape(shape)
             inner[name] = {**inner[name], "kernel": (_gain(name) * kernel).astype(inner[name]["kernel"].dtype)}
     if "log_std" in inner:
         inner["log_std"] = jnp.full(inner["log_std"].shape, net.init_log_std, inner["log_std"].dtype)
@@ -158,6 +204,13 @@ def entropy(policy: PolicyOutput) -> jax.Array:
         return -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
     log_std = jnp.broadcast_to(policy.log_std, policy.loc.shape)
     return jnp.sum(0.5 + _HALF_LOG_2PI + log_std, axis=-1)
+
+
+def mode(policy: PolicyOutput) -> jax.Array:
+    """The most likely action: ``argmax_a z_a`` (int32 ``[...]``) or the Gaussian mean ``[..., A]``."""
+    if policy.discrete:
+        return jnp.argmax(policy.loc, axis=-1).astype(jnp.int32)
+    return policy.loc
 
 
 def sample(key: chex.PRNGKey, policy: PolicyOutput) -> jax.Array:

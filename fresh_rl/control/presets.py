@@ -6,6 +6,15 @@
 keys as ``fresh-rl sweep``) is one compiled program over traced :class:`HyperParams`.
 Scales: ``ci`` (the tests), ``quick`` (the quickstart), ``cpu`` (the committed results),
 ``paper`` (Brax MuJoCo tasks at 100M steps, for accelerators).
+
+**Variants.** A variant is a method with TrainConfig overrides (:data:`VARIANTS`,
+:data:`ABLATIONS`) and the values of one swept loss hyperparameter, the grid's second axis
+(:func:`swept_field`): δ for the VACO family, PPO-KL's fixed β for ``ppo_kl_fixed``
+(:data:`KL_COEFS`), a single unused δ for the rest. PPO-KL runs twice: ``ppo_kl_adaptive``
+(PPO §4's adaptive β, target KL 0.01 from β₀ = 1; our choice, the study's PPO-KL before) and
+``ppo_kl_fixed`` (fixed β, as the VACO paper ran it; its β values are unknown, hence the grid).
+Saved runs, ``runs.csv`` and the ``delta`` columns hold the swept values (β for
+``ppo_kl_fixed``). :func:`headline_index` picks the value a variant is reported with.
 """
 from __future__ import annotations
 
@@ -19,7 +28,15 @@ from fresh_rl.corrections import AdaptiveKLConfig
 from fresh_rl.lag import DelayConfig
 from fresh_rl.sweep import Grid, product_grid
 
-MAIN_METHODS = ("ppo_clip", "ppo_kl", "spo", "impala", "vaco")
+MAIN_METHODS = ("ppo_clip", "ppo_kl_adaptive", "ppo_kl_fixed", "spo", "impala", "vaco")
+KL_COEFS = (0.01, 0.03, 0.1, 0.3, 1.0)
+"""Fixed β grid of ``ppo_kl_fixed`` (a traced ``kl_coef`` sweep: one program)."""
+# main variants that are not a bare method name: name → (method, TrainConfig overrides);
+# "ppo_kl" (the name before the fixed-β variant existed) stays an alias of ppo_kl_adaptive
+_ADAPTIVE_KL = ("ppo_kl", {"kl_adaptive": AdaptiveKLConfig(target=0.01)})
+VARIANTS = {"ppo_kl_adaptive": _ADAPTIVE_KL, "ppo_kl": _ADAPTIVE_KL, "ppo_kl_fixed": ("ppo_kl", {})}
+SWEPT_BASELINES = {"ppo_kl_fixed": KL_COEFS}
+"""Variants whose second grid axis is a baseline's own hyperparameter grid → its values."""
 # ablation variants: name → (method, TrainConfig overrides)
 ABLATIONS = {
     "vaco_align_only": ("vaco_align_only", {}),
@@ -72,7 +89,7 @@ VACO_SCALES = {
     "quick": Scale(  # the quickstart's VACO part: two gymnax tasks, three methods, ~5 min
         tasks=(_task("CartPole-v1", total_env_steps=50_176, **_GYMNAX_DISCRETE),
                _task("Acrobot-v1", total_env_steps=50_176, **_GYMNAX_DISCRETE)),
-        lags=(0, 4), num_seeds=3, methods=("ppo_clip", "ppo_kl", "vaco"), ablations=(), deltas=(PAPER_DELTA,),
+        lags=(0, 4), num_seeds=3, methods=("ppo_clip", "ppo_kl_adaptive", "vaco"), ablations=(), deltas=(PAPER_DELTA,),
     ),
     "cpu": Scale(
         tasks=(
@@ -94,28 +111,56 @@ VACO_SCALES = {
 
 
 def variant_config(task: Task, method: str, overrides: dict, ring_size: int) -> TrainConfig:
-    """The static config of one (task, variant); the lag itself is a traced HyperParams leaf."""
-    extra = {}
-    if method == "ppo_kl":
-        # Our choice: adaptive β (PPO §4) with d_targ = 0.01 from β₀ = 1; the paper ran fixed β's.
-        extra["kl_adaptive"] = AdaptiveKLConfig(target=0.01)
+    """The static config of one (task, variant); the lag itself is a traced HyperParams leaf.
+    ``method``/``overrides`` come from :func:`study_variants` (PPO-KL's adaptive β is an override)."""
     return TrainConfig(env_name=task.name, method=method, delay=DelayConfig.fixed(0, ring_size),
-                       **dict(task.overrides), **extra, **overrides)
+                       **dict(task.overrides), **overrides)
+
+
+def swept_field(config: TrainConfig) -> str:
+    """The HyperParams leaf on a variant's second grid axis: ``kl_coef`` for PPO-KL with a fixed
+    β (β is then the loss's only hyperparameter), ``vaco_delta`` otherwise (unused by non-VACO
+    methods, which run one value)."""
+    if "kl_coef" in config.method_spec.loss_hyperparams and config.kl_adaptive is None:
+        return "kl_coef"
+    return "vaco_delta"
 
 
 def variant_grid(config: TrainConfig, lags, deltas, num_seeds: int, seed: int) -> tuple[Grid, HyperParams]:
-    """Seeds ``seed … seed + S − 1`` × lags × δ (``product_grid``: δ inside lag, seed fastest,
-    so row-major ``[L, D, S]``) and the stacked :class:`HyperParams` of its points."""
-    grid = product_grid(num_seeds, seed=seed, lag=list(lags), vaco_delta=list(deltas))
+    """Seeds ``seed … seed + S − 1`` × lags × the :func:`swept_field` values ``deltas``
+    (``product_grid``: values inside lag, seed fastest, so row-major ``[L, D, S]``) and the
+    stacked :class:`HyperParams` of its points."""
+    grid = product_grid(num_seeds, seed=seed, lag=list(lags), **{swept_field(config): list(deltas)})
     return grid, HyperParams.from_grid(config, grid.values)
 
 
+def headline_index(variant: str, values, final_scores) -> int:
+    """Index on the swept axis of the value ``variant`` is reported with in the per-task table,
+    curves and aggregates. VACO's δ: :data:`PAPER_DELTA` (the paper's value). A baseline's own
+    grid (:data:`SWEPT_BASELINES`): the value with the best seed-mean final score at the first
+    (smallest) lag, i.e. tuned without lag and then run under lag (our choice; the paper's β
+    is unknown; a value with any diverged seed counts as −∞). Else 0. ``final_scores``:
+    ``[lags, values, seeds]``."""
+    if variant in SWEPT_BASELINES:  # a value whose runs all diverged (NaN) is never picked
+        first_lag = np.asarray(final_scores, np.float64)[0]
+        means = np.where(np.isfinite(first_lag), first_lag, -np.inf).mean(axis=-1)
+        return int(np.argmax(means))
+    values = [float(v) for v in np.asarray(values).tolist()]
+    return values.index(PAPER_DELTA) if PAPER_DELTA in values else 0
+
+
 def study_variants(scale: Scale, task: Task):
-    """``(variant name, method, TrainConfig overrides, δ values)`` of every variant run on ``task``:
-    the scale's methods (VACO with the δ sweep on ablation tasks) and the ablations."""
-    for method in scale.methods:
-        deltas = scale.deltas if method == "vaco" and task.ablations else (PAPER_DELTA,)
-        yield method, method, {}, deltas
+    """``(variant name, method, TrainConfig overrides, swept values)`` of every variant run on
+    ``task``: the scale's methods (VACO with the δ sweep on ablation tasks, ``ppo_kl_fixed``
+    with its β grid) and the ablations. A main variant not in :data:`VARIANTS` is the method
+    of that name without overrides."""
+    for variant in scale.methods:
+        method, overrides = VARIANTS.get(variant, (variant, {}))
+        if variant in SWEPT_BASELINES:
+            values = SWEPT_BASELINES[variant]
+        else:
+            values = scale.deltas if variant == "vaco" and task.ablations else (PAPER_DELTA,)
+        yield variant, method, dict(overrides), values
     if task.ablations:
         for name in scale.ablations:
             method, overrides = ABLATIONS[name]

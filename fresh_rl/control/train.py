@@ -9,7 +9,8 @@ One iteration (= one batch = one policy version)::
     learner at batch start (θ_T = newest ring entry): log π_T(a|s), V_T(s), V_T(s_{t+1})
     advantages, once per batch (method.advantages): GAE(λ) on V_T, or V-trace with
         log ρ = log π_T − log β on V_T, or none here (V-trace recomputed every step)
-    epochs × minibatches gradient steps (forward lag), loss = policy + c_v·value − c_ent·H
+    passes × minibatches gradient steps (forward lag; passes = epochs unless the method or
+        the config sets passes_per_batch), loss = policy + c_v·value − c_ent·H
     ring ← push(ring, θ)                                 # new version v_T + 1
 
 **Methods** (:mod:`fresh_rl.control.methods`): each registered :class:`Method` fixes the
@@ -18,8 +19,9 @@ layout and the policy loss; the reference policies and the normalisation default
 documented there. **Value targets**: λ-returns (GAE) or V-trace targets v_t, frozen per batch
 unless the method recomputes V-trace every step (IMPALA); value loss ½·mean (V_θ(s) − target)²,
 no value clipping (our choice). **Advantage normalisation** per minibatch:
-``"standardize"`` (Â − mean)/std, ``"scale"`` Â/std or ``"none"``. Centring is biased when the
-ratio's reference is not β; on CartPole at lag 4 VACO with standardisation collapsed
+``"standardize"`` (Â − mean)/std, ``"scale"`` Â/std, ``"none"`` or ``"centered_ratio"``. Plain
+centring is biased unless the loss is a ratio against β (derivation in
+:mod:`fresh_rl.control.methods`); on CartPole at lag 4 VACO with standardisation collapsed
 (entropy → 0.05, return → 10) while "scale"/"none" learned (results/vaco/README.md).
 **Hyperparameters**: every sweepable value (lag, δ, learning rate, loss coefficients, β₀, γ)
 is a leaf of :class:`~fresh_rl.control.hyperparams.HyperParams`, read from the traced pytree
@@ -31,9 +33,19 @@ updates and lag k means "parameters k batches old"; lags are redrawn every itera
 **Metrics** (one value per iteration): ``episode_return`` — mean undiscounted return of the
 episodes that ended during the iteration's rollout (the previous iteration's value carried if
 none ended; 0 before the first), ``episodes_completed``, the batch-start ``lag/…`` metrics of
-:func:`fresh_rl.lag.lag_metrics` (version gap, TV(π_T, β), ESS, KL), and ``loss/…`` — the
-mean over all gradient steps of the loss's metrics plus ``value_loss``, ``entropy`` and
-``grad_norm``.
+:func:`fresh_rl.lag.lag_metrics` (version gap, TV(π_T, β), ESS, KL), ``lag/forward_tv`` — the
+forward lag after the batch's updates, ½·mean|π_θ/π_T − 1| over the batch's samples (actions
+from β; every method, our choice of estimator: the unweighted mean, exact in expectation at
+lag 0), and ``loss/…`` — the mean over all gradient steps of the loss's metrics plus
+``value_loss``, ``entropy`` and ``grad_norm``.
+**Learner evaluation** (``eval_every`` > 0; :mod:`fresh_rl.control.evaluation`): after the
+update that makes learner version v, when v is a multiple of ``eval_every`` or the last one,
+θ_v plays ``eval_episodes`` episodes on fresh envs, deterministic and stochastic, with the
+run's observation statistics frozen and the key ``evaluation_key(iteration key)``;
+``eval/return_deterministic`` and ``eval/return_stochastic`` are the means over episodes,
+carried forward between evaluations (0 before the first), and ``eval/valid`` is 1 on the
+iterations that evaluated (select those for curves: :mod:`fresh_rl.eval.scores`). With
+``eval_every = 0`` (default) there is no evaluation and no ``eval/…`` metric.
 """
 from __future__ import annotations
 
@@ -51,8 +63,9 @@ from fresh_rl.control import brax_envs
 from fresh_rl.control import envs as envs_lib
 from fresh_rl.control import networks
 from fresh_rl.control.env_types import VecEnvState
+from fresh_rl.control.evaluation import evaluation_key, evaluation_metrics
 from fresh_rl.control.hyperparams import HyperParams
-from fresh_rl.control.methods import ADVANTAGE_NORMALIZATIONS, METHODS, Method
+from fresh_rl.control.methods import ADVANTAGE_NORMALIZATIONS, METHODS, Method, centring_weight
 from fresh_rl.corrections import (
     AdaptiveKLConfig,
     PPOClipConfig,
@@ -62,6 +75,7 @@ from fresh_rl.corrections import (
     VTraceConfig,
     adaptive_kl_coefficient,
     generalized_advantage_estimation,
+    tv_estimate,
     vtrace,
 )
 from fresh_rl.lag import DelayConfig, actor_group_ids, lag_metrics, sample_lags, version_ring
@@ -83,9 +97,10 @@ class TrainConfig:
       num_envs: parallel environments (actors) per seed.
       rollout_length: T, steps per env per iteration; batch = num_envs · T samples.
       total_env_steps: budget; iterations = total_env_steps // (num_envs · T) (≥ 1).
-      num_epochs, num_minibatches: forward lag — updates per batch = epochs × minibatches.
-        ``num_minibatches`` must divide num_envs · T (and num_envs for methods whose
-        minibatches are whole env rows, e.g. ``impala``).
+      num_epochs, num_minibatches: forward lag — updates per batch = passes × minibatches,
+        passes = ``passes_per_batch_used`` (``num_epochs`` unless the method or
+        ``passes_per_batch`` says otherwise). ``num_minibatches`` must divide num_envs · T (and
+        num_envs for methods whose minibatches are whole env rows, e.g. ``impala``).
       learning_rate, max_grad_norm, adam_eps: Adam with global-norm clipping (constant lr).
       gamma, gae_lambda: γ and λ (λ also is V-trace's trace parameter).
       value_coef, entropy_coef: c_v, c_ent of ``L = L_π + c_v·½·MSE − c_ent·H``.
@@ -93,9 +108,17 @@ class TrainConfig:
         ``vaco.delta`` and ``delay.lag`` are the defaults of the traced
         :class:`~fresh_rl.control.hyperparams.HyperParams` the trainer reads.
       advantage_normalization: per-minibatch ``"standardize"``, ``"scale"`` (divide by the std
-        only) or ``"none"``; ``None`` = the method's ``default_normalization``.
+        only), ``"none"`` or ``"centered_ratio"`` (unbiased baseline, see
+        :mod:`fresh_rl.control.methods`); ``None`` = the method's ``default_normalization``.
+      passes_per_batch: passes over each batch, an integer ≥ 1; one pass = one epoch =
+        ``num_minibatches`` SGD steps, each sample used once. ``None`` = the method's
+        ``passes_per_batch`` (IMPALA: 1), else ``num_epochs``. Static (it sets the scan length).
       normalize_obs, obs_clip: running observation normalisation of the env adapter.
       hidden_sizes, activation, init_log_std: network (see ``networks.ActorCritic``).
+      encoder: ``"auto"`` (MLP for vector observations ``[D]``, CNN for images ``[H, W, C]``),
+        ``"mlp"`` or ``"cnn"`` (must match the observation rank; ``encoder_used``).
+      conv_channels, conv_kernel_size: the CNN's VALID stride-1 convolutions before the MLP;
+        default one 3×3 conv with 16 channels (the MinAtar network, arXiv 1903.03176 §4).
       method: a name registered in :data:`fresh_rl.control.methods.METHODS`.
       ppo_clip, ppo_kl, kl_coef, spo, vaco: the losses' configs; ``kl_coef`` is PPO-KL's β ≥ 0
         (fixed, or the initial value when ``kl_adaptive`` is set).
@@ -109,6 +132,9 @@ class TrainConfig:
         (default, docs/vaco.md) or ``"gae_like"`` v_t − V_t.
       delay: backward-lag distribution and ring size K (``fresh_rl.lag.DelayConfig``).
       num_actor_groups: G groups of num_envs/G envs, each with its own lag draw.
+      eval_every: learner evaluation every ``eval_every`` versions and at the last one
+        (0 = off, the default; see the module docstring).
+      eval_episodes: episodes per evaluation, each mode (≥ 1).
     """
 
     env_name: str = "CartPole-v1"
@@ -126,11 +152,15 @@ class TrainConfig:
     value_coef: float = 0.5
     entropy_coef: float = 0.01
     advantage_normalization: Optional[str] = None
+    passes_per_batch: Optional[int] = None
     normalize_obs: bool = False
     obs_clip: float = 10.0
     hidden_sizes: tuple[int, ...] = (64, 64)
     activation: str = "tanh"
     init_log_std: float = 0.0
+    encoder: str = "auto"
+    conv_channels: tuple[int, ...] = (16,)
+    conv_kernel_size: int = 3
     method: str = "ppo_clip"
     ppo_clip: PPOClipConfig = PPOClipConfig()
     ppo_kl: PPOKLConfig = PPOKLConfig()
@@ -143,6 +173,8 @@ class TrainConfig:
     vaco_advantage: str = "impala"
     delay: DelayConfig = DelayConfig()
     num_actor_groups: int = 1
+    eval_every: int = 0
+    eval_episodes: int = 8
 
     def __post_init__(self):
         require_choice("env_name", self.env_name, envs_lib.env_names())
@@ -156,6 +188,8 @@ class TrainConfig:
         require_int("rollout_length", self.rollout_length, 1)
         require_int("num_epochs", self.num_epochs, 1)
         require_int("num_minibatches", self.num_minibatches, 1)
+        if self.passes_per_batch is not None:
+            require_int("passes_per_batch", self.passes_per_batch, 1)
         require_int("num_actor_groups", self.num_actor_groups, 1, self.num_envs)
         require_int("total_env_steps", self.total_env_steps, self.batch_size)
         if self.num_envs % self.num_actor_groups:
@@ -181,16 +215,48 @@ class TrainConfig:
             require_in_range(name, getattr(self, name), 0.0, math.inf, high_inclusive=False)
         require_in_range("init_log_std", self.init_log_std, -math.inf, math.inf, low_inclusive=False,
                          high_inclusive=False)
-        if not self.hidden_sizes or any(
-            isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in self.hidden_sizes
-        ):
-            raise ValueError(f"hidden_sizes must be a non-empty tuple of integers ≥ 1, got {self.hidden_sizes!r}")
+        for name in ("hidden_sizes", "conv_channels"):
+            widths = getattr(self, name)
+            if not widths or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths):
+                raise ValueError(f"{name} must be a non-empty tuple of integers ≥ 1, got {widths!r}")
+        require_int("conv_kernel_size", self.conv_kernel_size, 1)
+        require_int("eval_every", self.eval_every, 0)
+        require_int("eval_episodes", self.eval_episodes, 1)
+        require_choice("encoder", self.encoder, ("auto",) + networks.ENCODERS)
+        self._check_encoder()
         if self.kl_adaptive is not None and not isinstance(self.kl_adaptive, AdaptiveKLConfig):
             raise ValueError(f"kl_adaptive must be None or an AdaptiveKLConfig, got {self.kl_adaptive!r}")
         for name, cls in (("ppo_clip", PPOClipConfig), ("ppo_kl", PPOKLConfig), ("spo", SPOConfig),
                           ("vaco", VACOConfig), ("delay", DelayConfig)):
             if not isinstance(getattr(self, name), cls):
                 raise ValueError(f"{name} must be a {cls.__name__}, got {getattr(self, name)!r}")
+        fixed = self.method_spec.threshold_convention
+        if fixed is not None and self.vaco.threshold_convention not in (fixed, VACOConfig().threshold_convention):
+            raise ValueError(f"vaco.threshold_convention={self.vaco.threshold_convention!r} contradicts "
+                             f"method={self.method!r}, which fixes {fixed!r} (method 'vaco' reads the config)")
+
+    @property
+    def encoder_used(self) -> str:
+        """``encoder``, with ``"auto"`` resolved by the observation rank (1: mlp, 3: cnn)."""
+        if self.encoder != "auto":
+            return self.encoder
+        rank = len(self.vec_env.spec.obs_shape)
+        return next((enc for enc, r in networks.OBS_RANK.items() if r == rank), "auto")
+
+    def _check_encoder(self) -> None:
+        shape = self.vec_env.spec.obs_shape
+        encoder = self.encoder_used
+        if encoder == "auto":
+            raise ValueError(f"encoder='auto' handles observations of rank 1 (mlp) or 3 (cnn, [H, W, C]); "
+                             f"env_name={self.env_name!r} gives shape {shape}")
+        if len(shape) != networks.OBS_RANK[encoder]:
+            raise ValueError(f"encoder={encoder!r} needs observations of rank {networks.OBS_RANK[encoder]}, "
+                             f"env_name={self.env_name!r} gives shape {shape}; use encoder='auto'")
+        if encoder == "cnn" and networks.conv_output_size(
+                min(shape[:2]), len(self.conv_channels), self.conv_kernel_size) < 1:
+            raise ValueError(f"conv_kernel_size={self.conv_kernel_size} with {len(self.conv_channels)} "
+                             f"conv_channels layers leaves no pixel of the {shape[:2]} image (VALID "
+                             f"padding shrinks each side by conv_kernel_size − 1 per layer)")
 
     @property
     def method_spec(self) -> Method:
@@ -202,6 +268,14 @@ class TrainConfig:
         if self.advantage_normalization is not None:
             return self.advantage_normalization
         return self.method_spec.default_normalization
+
+    @property
+    def passes_per_batch_used(self) -> int:
+        """Passes (epochs) over each batch: ``passes_per_batch``, else the method's, else ``num_epochs``."""
+        for passes in (self.passes_per_batch, self.method_spec.passes_per_batch):
+            if passes is not None:
+                return passes
+        return self.num_epochs
 
     @property
     def batch_size(self) -> int:
@@ -228,7 +302,8 @@ class TrainConfig:
         spec = self.vec_env.spec
         return networks.ActorCritic(
             action_dim=spec.action_dim, discrete=spec.discrete, hidden_sizes=tuple(self.hidden_sizes),
-            activation=self.activation, init_log_std=self.init_log_std,
+            activation=self.activation, init_log_std=self.init_log_std, encoder=self.encoder_used,
+            conv_channels=tuple(self.conv_channels), conv_kernel_size=self.conv_kernel_size,
         )
 
     def optimizer(self, learning_rate: chex.Numeric) -> optax.GradientTransformation:
@@ -261,7 +336,8 @@ class Batch:
 
 @struct.dataclass
 class TrainState:
-    """Carry of the training loop (one seed)."""
+    """Carry of the training loop (one seed). ``last_eval``: the latest ``eval/…`` values
+    (``{}`` when ``eval_every = 0``)."""
 
     params: Any
     opt_state: Any
@@ -270,6 +346,7 @@ class TrainState:
     obs: jax.Array
     last_return: jax.Array
     kl_coef: jax.Array  # PPO-KL's β (constant unless ``kl_adaptive``)
+    last_eval: dict
 
 
 @struct.dataclass
@@ -281,12 +358,23 @@ class TrainOutput:
     metrics: dict
 
 
-def _normalize_advantages(config: TrainConfig, adv):
-    if config.advantage_normalization_used == "none":
+def _normalize_advantages(config: TrainConfig, mb: dict, logp):
+    """Per-minibatch advantages under ``config.advantage_normalization_used``, σ = std Â:
+    ``"none"`` Â; ``"scale"`` Â/σ; ``"standardize"`` (Â − mean Â)/σ; ``"centered_ratio"``
+    (Â − c·b)/σ with b = :func:`~fresh_rl.control.methods.centring_weight` (detached; the
+    derivation is in :mod:`fresh_rl.control.methods`) and c = Σ Â·b / Σ b², the least-squares
+    coefficient (our choice; = mean Â when b ≡ 1, so then it equals ``"standardize"``)."""
+    adv, kind = mb["advantage"], config.advantage_normalization_used
+    if kind == "none":
         return adv
-    if config.advantage_normalization_used == "scale":
-        return adv / (jnp.std(adv) + 1e-8)
-    return (adv - jnp.mean(adv)) / (jnp.std(adv) + 1e-8)
+    std = jnp.std(adv) + 1e-8
+    if kind == "scale":
+        return adv / std
+    if kind == "standardize":
+        return (adv - jnp.mean(adv)) / std
+    b = centring_weight(config.method_spec, logp, mb["reference_log_prob"], mb["behaviour_log_prob"])
+    c = jnp.sum(adv * b) / jnp.maximum(jnp.sum(b * b), 1e-8)
+    return (adv - c * b) / std
 
 
 def _rollout(config: TrainConfig, state: TrainState, key, hparams: HyperParams
@@ -402,7 +490,7 @@ def _update(config: TrainConfig, state: TrainState, batch: Batch, key,
         logp = networks.log_prob(policy, mb["action"])
         if per_step:
             mb = {**mb, **_per_step_vtrace(config, net, params, mb, logp, values)}
-        mb = {**mb, "advantage": _normalize_advantages(config, mb["advantage"])}
+        mb = {**mb, "advantage": _normalize_advantages(config, mb, logp)}
         pg, pm = method.policy_loss(logp, mb, loss_hparams, config)
         v_loss = 0.5 * jnp.mean(jnp.square(values - mb["target"]))
         ent = jnp.mean(networks.entropy(policy))
@@ -431,7 +519,7 @@ def _update(config: TrainConfig, state: TrainState, batch: Batch, key,
 
     # every epoch's shuffle from one draw: argsort of uniform random bits is a uniformly random
     # permutation (ties, probability ~units²/2³³, keep a valid permutation by the stable sort)
-    perms = jnp.argsort(jax.random.bits(key, (config.num_epochs, units), jnp.uint32), axis=-1)
+    perms = jnp.argsort(jax.random.bits(key, (config.passes_per_batch_used, units), jnp.uint32), axis=-1)
     (params, opt_state), step_metrics = jax.lax.scan(epoch, (state.params, state.opt_state), perms)
     metrics.update({f"loss/{k}": jnp.mean(v) for k, v in step_metrics.items()})
     kl_coef = state.kl_coef
@@ -440,6 +528,31 @@ def _update(config: TrainConfig, state: TrainState, batch: Batch, key,
                                           config.kl_adaptive)
     ring = version_ring.push(state.ring, params)
     return state.replace(params=params, opt_state=opt_state, ring=ring, kl_coef=kl_coef), metrics
+
+
+def _forward_tv(config: TrainConfig, params_T, params, batch: Batch) -> jax.Array:
+    """½·mean|π_θ/π_T − 1| on the batch's (s, a): θ after the batch's updates, θ_T at its start
+    (one forward pass of both parameter sets, vmapped)."""
+    net = config.network()
+
+    def logp(p):
+        policy, _ = net.apply(p, batch.obs)
+        return networks.log_prob(policy, batch.action)
+
+    both = jax.vmap(logp)(jax.tree.map(lambda a, b: jnp.stack([a, b]), params_T, params))
+    return tv_estimate(both[1] - both[0])
+
+
+def _evaluate_learner(config: TrainConfig, state: TrainState, key) -> tuple[TrainState, dict]:
+    """Evaluate the new learner version when it is a multiple of ``eval_every`` or the last one
+    (``lax.cond``), else carry ``state.last_eval`` forward; ``eval/…`` metrics."""
+    version = state.ring.latest_version
+    due = (version % config.eval_every == 0) | (version == config.num_iterations)
+    last_eval = jax.lax.cond(
+        due, lambda: evaluation_metrics(config, state.params, state.env_state.obs_stats, key),
+        lambda: state.last_eval)
+    metrics = {f"eval/{k}": v for k, v in last_eval.items()}
+    return state.replace(last_eval=last_eval), {**metrics, "eval/valid": due.astype(jnp.int32)}
 
 
 def init_state(config: TrainConfig, key: chex.PRNGKey, hparams: Optional[HyperParams] = None) -> TrainState:
@@ -458,17 +571,25 @@ def init_state(config: TrainConfig, key: chex.PRNGKey, hparams: Optional[HyperPa
         obs=obs,
         last_return=jnp.zeros((), jnp.float32),
         kl_coef=jnp.asarray(hparams.kl_coef, jnp.float32),
+        last_eval={f"return_{kind}": jnp.zeros((), jnp.float32) for kind in ("deterministic", "stochastic")}
+        if config.eval_every else {},
     )
 
 
 def train_iteration(config: TrainConfig, state: TrainState, key: chex.PRNGKey,
                     hparams: Optional[HyperParams] = None) -> tuple[TrainState, dict]:
-    """One rollout + one batch of updates + one ring push (see the module docstring)."""
+    """One rollout + one batch of updates + one ring push, then the learner evaluation when due
+    (see the module docstring)."""
     hparams = HyperParams.from_config(config) if hparams is None else hparams
     key_roll, key_upd = jax.random.split(key)
     state, batch, roll_metrics = _rollout(config, state, key_roll, hparams)
+    params_T = state.params
     state, upd_metrics = _update(config, state, batch, key_upd, hparams)
-    return state, {**roll_metrics, **upd_metrics}
+    metrics = {**roll_metrics, **upd_metrics, "lag/forward_tv": _forward_tv(config, params_T, state.params, batch)}
+    if config.eval_every:
+        state, eval_metrics = _evaluate_learner(config, state, evaluation_key(key))
+        metrics.update(eval_metrics)
+    return state, metrics
 
 
 def train(config: TrainConfig, key: chex.PRNGKey, hparams: Optional[HyperParams] = None) -> TrainOutput:

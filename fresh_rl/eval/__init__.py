@@ -7,11 +7,13 @@ from fresh_rl.eval.aggregates import (
     optimality_gap,
     seed_interval,
 )
-from fresh_rl.eval.scores import final_score, initial_score
+from fresh_rl.eval.scores import eval_area_under_curve, eval_final_score, final_score, initial_score
 
 __all__ = [
     "AGGREGATE_METRICS",
     "aggregate_intervals",
+    "eval_area_under_curve",
+    "eval_final_score",
     "final_score",
     "initial_score",
     "iqm",

@@ -1,4 +1,10 @@
-"""Scores of a run's learning curve: the untrained policy's return and the final return."""
+"""Scores of a run's learning curve: the untrained policy's return, the final return, and the
+final score and area of a learner-evaluation curve.
+
+Learner-evaluation curves (``eval/return_…`` of :func:`fresh_rl.control.train.train`) hold a
+value on every iteration, carried forward between evaluations; ``eval/valid`` marks the
+iterations that evaluated. The ``eval_*`` scores read only those points.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -15,3 +21,34 @@ def initial_score(returns: np.ndarray, episodes_completed: np.ndarray) -> np.nda
     policy; iterations before it carry the placeholder 0)."""
     first = np.argmax(np.cumsum(episodes_completed, axis=-1) > 0, axis=-1)
     return np.take_along_axis(returns, first[..., None], axis=-1)[..., 0]
+
+
+def _eval_rows(values, valid, score) -> np.ndarray:
+    """``score(iterations, points)`` per run of ``values [..., I]`` over its ``valid`` points."""
+    values = np.asarray(values, np.float64)
+    valid = np.broadcast_to(np.asarray(valid).astype(bool), values.shape)
+    if values.ndim == 0 or not valid.any(axis=-1).all():
+        raise ValueError("valid must mark at least one evaluation point along the last axis of "
+                         f"values (shape {values.shape}) in every run")
+    rows = zip(values.reshape(-1, values.shape[-1]), valid.reshape(-1, values.shape[-1]))
+    scores = [score(np.flatnonzero(ok), v[ok]) for v, ok in rows]
+    return np.asarray(scores).reshape(values.shape[:-1])
+
+
+def eval_final_score(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Mean of the last 10% of a run's evaluation points (at least one), per run ``[...]``.
+
+    ``values [..., I]`` (e.g. ``eval/return_deterministic``), ``valid`` (``eval/valid``)
+    broadcastable to it."""
+    return _eval_rows(values, valid, lambda _, y: y[-max(1, len(y) // 10):].mean())
+
+
+def eval_area_under_curve(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Area under the evaluation curve normalised by iterations: the trapezoid integral of
+    the points ``(i, values_i)`` over the valid iterations i, divided by ``i_last − i_first``
+    (the mean height of the piecewise-linear curve; the value itself for one point), per run."""
+    def area(x, y):
+        if len(x) == 1:
+            return y[0]
+        return np.sum((y[1:] + y[:-1]) * np.diff(x)) / (2.0 * (x[-1] - x[0]))
+    return _eval_rows(values, valid, area)
