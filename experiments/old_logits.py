@@ -2,12 +2,13 @@
 
   .venv/bin/python experiments/old_logits.py --scale cpu      # the committed results
   .venv/bin/python experiments/old_logits.py --scale ci --out /tmp/old_logits_ci
+  .venv/bin/python experiments/old_logits.py --scale smoke --out /tmp/old_logits_smoke  # the tests'
 
 From the warm-started tiny LM (results/llm_warm_start/checkpoint; the ci scale starts from
 the arithmetic-specialised results/llm_warm_start_arithmetic/checkpoint) on the arithmetic task,
 runs the asynchronous simulator (fresh_rl.llm.async_pipeline) for every route of the grid at
 every staleness window W, seeds run one after another through the same compiled iteration.
-Writes to --out (default results/old_logits, or results/old_logits_ci for ci):
+Writes to --out (default results/old_logits, or results/old_logits_<scale> for ci and smoke):
 
   runs/<route>_W<w>[_partial]_seed<s>.csv  per-iteration metrics of one run
   checkpoints/<run>/  orbax checkpoints of the whole pipeline state every 4 iterations
@@ -237,7 +238,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scale", choices=sorted(SCALES), default="ci")
     parser.add_argument("--out", default=None,
-                        help="output folder (default results/old_logits[_ci])")
+                        help="output folder (default results/old_logits[_ci|_smoke])")
     parser.add_argument("--checkpoint", default=None,
                         help="initial parameters (default: the tiny warm start)")
     parser.add_argument("--overhead-only", type=int, default=0, metavar="ROUNDS",
@@ -254,7 +255,8 @@ def main(argv=None):
     if args.prompt_pool_seed is not None:
         scale = dataclasses.replace(scale, rl=dataclasses.replace(
             scale.rl, prompt_pool_seed=args.prompt_pool_seed))
-    out = args.out or str(RESULTS / ("old_logits_ci" if args.scale == "ci" else "old_logits"))
+    out = args.out or str(RESULTS / (f"old_logits_{args.scale}" if args.scale in ("ci", "smoke")
+                                     else "old_logits"))
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
     start, started = time.time(), time.perf_counter()
     model_config, params = load_params(scale.model, args.checkpoint or scale.warm_start)

@@ -292,12 +292,22 @@ def test_registry_flags():
 # --------------------------------------------------------------------------- ci experiment
 
 
+def _run_experiment(tmp_path_factory, scale):
+    out = str(tmp_path_factory.mktemp(scale))
+    subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "old_logits.py"),
+                    "--scale", scale, "--out", out], check=True, cwd=ROOT)
+    return out
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    """The ci scale's programs for 4 iterations, 64 evaluation episodes per policy."""
+    return _run_experiment(tmp_path_factory, "smoke")
+
+
 @pytest.fixture(scope="module")
 def ci_run(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp("ci"))
-    subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "old_logits.py"),
-                    "--scale", "ci", "--out", out], check=True, cwd=ROOT)
-    return out
+    return _run_experiment(tmp_path_factory, "ci")
 
 
 def _read_csv(path):
@@ -305,18 +315,22 @@ def _read_csv(path):
         return list(csv.DictReader(f))
 
 
-def test_ci_experiment_writes_results(ci_run):
+def test_smoke_experiment_writes_results(smoke_run):
     for name in ("curves.csv", "summary.csv", "eval.csv", "config.json", "success_vs_step.png",
                  "mechanism.png", "runs/snapshot_W1_seed0.csv"):
-        assert os.path.exists(os.path.join(ci_run, name)), name
-    (summary,) = _read_csv(os.path.join(ci_run, "summary.csv"))
+        assert os.path.exists(os.path.join(smoke_run, name)), name
+    (summary,) = _read_csv(os.path.join(smoke_run, "summary.csv"))
     assert summary["route"] == "snapshot" and summary["window"] == "1"
     # exact old logits: r_d is the bf16 discrepancy, the MIS mask keeps almost every token
     assert float(summary["abs_log_rd"]) < 0.03
     assert float(summary["active_fraction"]) > 0.97
     assert float(summary["version_gap_mean"]) > 0.5  # the data really was stale
+    rows = _read_csv(os.path.join(smoke_run, "eval.csv"))
+    assert {(r["policy"], r["prompts"], r["episodes"]) for r in rows} == {
+        (p, s, "64") for p in ("warm_start", "snapshot_W1_seed0") for s in ("training", "held_out")}
 
 
+@pytest.mark.slow  # 16 iterations and 4 × 1024 evaluation episodes: ~5 min on 2 cores
 def test_ci_experiment_improves_arithmetic_reward_over_the_warm_start(ci_run):
     """Issue acceptance: the ci run (RL on a fixed set of 32 training prompts) raises the
     arithmetic success of the warm start on those prompts. 1024 episodes per policy on the

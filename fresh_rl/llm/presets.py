@@ -114,13 +114,18 @@ OLD_LOGITS_RL = RLConfig(estimator="grpo", num_groups=8, group_size=8, learning_
 # (results/old_logits/README.md, "RL from the arithmetic warm start") found that RL at this
 # budget raises success on the prompts it trains on but not on unseen prompts, so the ci run
 # scores both.
+_OLD_LOGITS_CI = OldLogitsScale(
+    model="tiny", rl=dataclasses.replace(OLD_LOGITS_RL, learning_rate=1e-4, epochs=2,
+                                         prompt_pool=32),
+    env=ArithmeticTask(digits=1, steps=2), windows=(1,), grid_routes=("snapshot",),
+    seeds=1, iterations=16, overhead_window=1, overhead_iterations=0,
+    eval_episodes=1024, warm_start=ARITHMETIC_WARM_START)
 OLD_LOGITS_SCALES = {
-    "ci": OldLogitsScale(
-        model="tiny", rl=dataclasses.replace(OLD_LOGITS_RL, learning_rate=1e-4, epochs=2,
-                                             prompt_pool=32),
-        env=ArithmeticTask(digits=1, steps=2), windows=(1,), grid_routes=("snapshot",),
-        seeds=1, iterations=16, overhead_window=1, overhead_iterations=0,
-        eval_episodes=1024, warm_start=ARITHMETIC_WARM_START),
+    "ci": _OLD_LOGITS_CI,
+    # the default test suite's end-to-end run: the ci programs (same shapes, so a test session
+    # compiles them once) for 4 iterations and 64 evaluation episodes per policy; the learning
+    # claim is the ci scale's (a slow test and the quickstart)
+    "smoke": dataclasses.replace(_OLD_LOGITS_CI, iterations=4, eval_episodes=64),
     "cpu": OldLogitsScale(
         model="tiny", rl=dataclasses.replace(OLD_LOGITS_RL, num_groups=4),
         env=ArithmeticTask(digits=1, steps=2), windows=(1, 2, 4, 8),
