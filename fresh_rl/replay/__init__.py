@@ -8,7 +8,7 @@ from fresh_rl.replay.buffer import (
     TrajectoryBuffer,
     make_trajectory_buffer,
 )
-from fresh_rl.replay.priorities import DEFAULT_PRIORITY_EPS, magnitude_priority
+from fresh_rl.replay.priorities import DEFAULT_PRIORITY_EPS, advantage_priority, magnitude_priority
 
 __all__ = [
     "DEFAULT_PRIORITY_EPS",
@@ -16,6 +16,7 @@ __all__ = [
     "ReplaySample",
     "ReplayState",
     "TrajectoryBuffer",
+    "advantage_priority",
     "magnitude_priority",
     "make_trajectory_buffer",
     "segment_tree",

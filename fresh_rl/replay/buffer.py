@@ -30,6 +30,24 @@ column (about half the memory traffic per write, see ``benchmarks/replay_bench.p
 left out of the min. β may be passed per call (e.g. ``optax.linear_schedule(0.4, 1.0, n)``
 for the annealing the FreshPER README mentions; the authors' code keeps β constant).
 
+**Floor on the decayed priority** (``min_decayed_priority`` = f, default 1e-8, the authors'
+value; 0 turns it off). An item of positive base priority is sampled with
+``q_i(t) = max(p_i^base · exp(−(t − t_i)/τ), f)`` in place of the decayed priority, so one very old
+item cannot set the buffer-wide weight normaliser near 0 and zero every sampled weight (without
+it, one item of age 1e5 at τ = 100 makes ``exp(−β(log u_i − log u_min))`` underflow to 0 for
+every sampled item). The floor is evaluated at the buffer's clock ``t = latest_version`` (the
+newest inserted version), the "now" of every key. In key space it is the common threshold
+``F(t) = f^α · exp(α (t − t_ref)/τ)``, so ``max(u_i, F(t))`` is exact at O(log N): the tree holds a
+third column, a 0/1 count of *floored* items (their sum and min leaves hold the identities), a
+node's sampling mass is ``sum + F(t)·count``, and the normaliser's log-min is ``log F(t)`` when any
+item is floored. F(t) only grows with t while a stored key never changes until it is rewritten,
+so an item crosses the threshold at most once per write: after every ``add`` the items whose key
+fell below F(t) are moved to the floored set one by one, each found by a min-tree descent
+(amortised O(log N) per crossing, no O(N) scan); ``set_priorities`` and rebases classify the
+items they write directly. (Clamping only at rebase time would be O(N) and inexact between
+rebases; rewriting every leaf each step, as the authors' code does, is O(N) per step.) Zero base
+priority still means "never sampled" (our choice: the floor applies to positive priorities).
+
 **New items** get the running maximum base priority (decayed like every other item from
 their insertion version), the standard PER rule; ``new_item_priority="given"`` uses the
 priorities passed to ``add`` instead (e.g. ``|reward| + ε``).
@@ -82,6 +100,9 @@ class ReplayConfig:
       rebase_exponent: rebase t_ref when α(t − t_ref)/τ would exceed this (float32 headroom:
         e^30·N·max p^α must stay below 3.4e38). Our choice; any value in (0, 60] is safe for
         N ≤ 2^24 and priorities ≤ 1e6.
+      min_decayed_priority: f ≥ 0, floor on the decayed priority ``p_i·exp(−age/τ)`` of items
+        with positive base priority (module docstring); 1e-8 is the authors' value; 0 turns it
+        off. Prioritized modes only (standard PER floors ``p_i`` itself).
       jit_checks: traced data checks become ``checkify`` checks instead of the safe fallback.
       tree_fanout: K, children per node of the priority tree (a power of two in
         ``segment_tree.FANOUTS``); depth ⌈log_K N⌉. Changes speed only: every node holds the
@@ -99,6 +120,7 @@ class ReplayConfig:
     new_item_priority: Literal["max", "given"] = "max"
     importance_weight_normalization: Literal["buffer", "batch"] = "buffer"
     rebase_exponent: float = 30.0
+    min_decayed_priority: float = 1e-8
     jit_checks: bool = False
     tree_fanout: int = segment_tree.DEFAULT_FANOUT
 
@@ -117,6 +139,8 @@ class ReplayConfig:
         require_in_range("importance_exponent", self.importance_exponent, 0.0, 1.0)
         require_in_range("age_decay_tau", self.age_decay_tau, 0.0, math.inf, low_inclusive=False)
         require_in_range("rebase_exponent", self.rebase_exponent, 0.0, 60.0, low_inclusive=False)
+        require_in_range("min_decayed_priority", self.min_decayed_priority, 0.0, math.inf,
+                         high_inclusive=False)
         require_choice("new_item_priority", self.new_item_priority, ("max", "given"))
         require_choice(
             "importance_weight_normalization", self.importance_weight_normalization,
@@ -132,6 +156,11 @@ class ReplayConfig:
     def decay_rate(self) -> float:
         """α/τ: log-key growth per policy version (0 for uniform and standard PER)."""
         return self.priority_exponent / self.age_decay_tau if self.sampling == "freshper" else 0.0
+
+    @property
+    def floored(self) -> bool:
+        """Whether the tree tracks items floored at ``min_decayed_priority`` (third column)."""
+        return self.prioritized and self.min_decayed_priority > 0
 
     @property
     def decays(self) -> bool:
@@ -154,8 +183,10 @@ class ReplayState:
       max_priority: running max of base priorities (priority of new items under "max").
       reference_version: t_ref of the stored keys.
       priority_tree: K-ary segment tree (``config.tree_fanout``); column 0 sums u_i
-        (sampling); with "buffer" weight normalisation column 1 takes the min of log u_i
-        (+inf for empty or zero-priority slots), the normaliser of the importance weights.
+        (sampling); with "buffer" weight normalisation or a floor, column 1 takes the min of
+        log u_i (+inf for empty or zero-priority slots), the normaliser of the importance
+        weights; with a floor, column 2 counts the floored items (whose columns 0 and 1 hold
+        0 and +inf).
       num_rejected_writes: invalid priority writes (and traced τ) skipped by the jit fallback.
       decay_rate: float32 α/τ of the stored keys (``config.decay_rate`` at init; changed only
         by ``set_age_decay_tau``, which rebuilds the keys).
@@ -228,17 +259,50 @@ def _log_keys(config: ReplayConfig, base_priority, insert_version, reference_ver
 
 
 def _tree_columns(config: ReplayConfig) -> tuple[str, ...]:
-    """Sum of u_i (sampling), plus min of log u_i only for buffer-wide weight normalisation."""
+    """Sum of u_i (sampling), plus min of log u_i for buffer-wide weight normalisation or the
+    floor, plus the count of floored items with a floor."""
+    if config.floored:
+        return ("sum", "min", "sum")
     return ("sum", "min") if config.importance_weight_normalization == "buffer" else ("sum",)
 
 
-def _tree_leaves_from_log_keys(config: ReplayConfig, log_keys, valid):
-    """``[..., C]`` leaves: u_i (and log u_i), identities for empty or zero-priority slots."""
+def _log_floor(config: ReplayConfig, state: ReplayState):
+    """log F(t) = α log f + (α/τ)(t − t_ref) at t = ``latest_version``: the floor in key space."""
+    return (config.priority_exponent * math.log(config.min_decayed_priority)
+            + state.decay_rate * (state.latest_version - state.reference_version).astype(
+                jnp.float32))
+
+
+def _tree_leaves_from_log_keys(config: ReplayConfig, log_keys, valid, log_floor=None):
+    """``[..., C]`` leaves: u_i (and log u_i), identities for empty or zero-priority slots;
+    with a floor, items with ``log u_i < log_floor`` become (0, +inf, 1)."""
     sum_leaves = jnp.where(valid, jnp.exp(log_keys), 0.0)
     if len(_tree_columns(config)) == 1:
         return sum_leaves[..., None]
     min_leaves = jnp.where(valid & jnp.isfinite(log_keys), log_keys, jnp.inf)
-    return jnp.stack([sum_leaves, min_leaves], axis=-1)
+    if not config.floored:
+        return jnp.stack([sum_leaves, min_leaves], axis=-1)
+    floored = valid & jnp.isfinite(log_keys) & (log_keys < log_floor)
+    return jnp.stack([jnp.where(floored, 0.0, sum_leaves), jnp.where(floored, jnp.inf, min_leaves),
+                      floored.astype(sum_leaves.dtype)], axis=-1)
+
+
+def _apply_floor(config: ReplayConfig, state: ReplayState) -> ReplayState:
+    """Moves every item whose key fell below F(latest_version) into the floored set, one min-tree
+    descent and one leaf write each (amortised O(log N) per crossing)."""
+    if not config.floored:
+        return state
+    log_floor = _log_floor(config, state)
+    floored_leaf = jnp.asarray([[0.0, jnp.inf, 1.0]], state.priority_tree.nodes.dtype)
+
+    def below(tree):
+        return segment_tree.total(tree)[1] < log_floor
+
+    def move(tree):
+        index = segment_tree.argmin(tree, 1)[None]
+        return segment_tree.write(tree, index, floored_leaf, indices_are_unique=True)
+
+    return state.replace(priority_tree=jax.lax.while_loop(below, move, state.priority_tree))
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,11 +345,12 @@ def _rebase(config: ReplayConfig, state: ReplayState, reference_version) -> Repl
     reference_version = jnp.asarray(reference_version, jnp.int32)
     log_keys = _log_keys(config, state.base_priority, state.insert_version, reference_version,
                          state.decay_rate)
+    state = state.replace(reference_version=reference_version)
+    log_floor = _log_floor(config, state) if config.floored else None
     return state.replace(
-        reference_version=reference_version,
         priority_tree=segment_tree.build(
-            _tree_leaves_from_log_keys(config, log_keys, state.valid), _tree_columns(config),
-            config.tree_fanout,
+            _tree_leaves_from_log_keys(config, log_keys, state.valid, log_floor),
+            _tree_columns(config), config.tree_fanout,
         ),
     )
 
@@ -298,7 +363,9 @@ def _write_keys(
     duplicates first)."""
     log_keys = _log_keys(config, base_priority, insert_version, state.reference_version,
                          state.decay_rate)
-    tree_leaves = _tree_leaves_from_log_keys(config, log_keys, jnp.ones_like(write_mask))
+    log_floor = _log_floor(config, state) if config.floored else None
+    tree_leaves = _tree_leaves_from_log_keys(config, log_keys, jnp.ones_like(write_mask),
+                                             log_floor)
     return state.replace(
         priority_tree=segment_tree.write(
             state.priority_tree, slots, tree_leaves, write_mask, indices_are_unique=True
@@ -376,15 +443,26 @@ def _add(
         state = jax.lax.cond(
             overflow, lambda s: _rebase(config, s, newest), lambda s: s, state
         )
-    return _write_keys(config, state, slots, new_priority, versions, jnp.ones((batch_size,), bool))
+    state = _write_keys(config, state, slots, new_priority, versions, jnp.ones((batch_size,), bool))
+    return _apply_floor(config, state)
 
 
 def _sampling_probabilities(config: ReplayConfig, state: ReplayState) -> jax.Array:
     """``[C]`` P(i) of every slot (O(N); for tests, diagnostics and plots, not the hot path)."""
     if not config.prioritized:
         return jnp.where(state.valid, 1.0 / jnp.maximum(state.num_valid, 1), 0.0)
-    keys = segment_tree.leaves(state.priority_tree)[:, 0]
-    return keys / segment_tree.total(state.priority_tree)[0]
+    leaves = segment_tree.leaves(state.priority_tree)
+    if not config.floored:
+        return leaves[:, 0] / segment_tree.total(state.priority_tree)[0]
+    floor_key, mass = _floor_key_and_mass(config, state)
+    return jnp.where(leaves[:, 2] > 0, floor_key, leaves[:, 0]) / mass
+
+
+def _floor_key_and_mass(config: ReplayConfig, state: ReplayState):
+    """F(t) and the total sampling mass ``Σ unfloored u_i + F(t) · #floored``."""
+    roots = segment_tree.total(state.priority_tree)
+    floor_key = jnp.exp(_log_floor(config, state))
+    return floor_key, roots[0] + floor_key * roots[2]
 
 
 def _sample(
@@ -419,7 +497,22 @@ def _sample(
         require_in_range("importance_exponent", float(beta), 0.0, 1.0)
     now = state.latest_version if current_version is None else jnp.asarray(current_version)
 
-    if config.prioritized:
+    if config.floored:
+        roots = segment_tree.total(state.priority_tree)
+        log_floor = _log_floor(config, state)
+        floor_key, mass = _floor_key_and_mass(config, state)
+        targets = segment_tree.stratified_targets(key, mass, batch_size)
+        indices = segment_tree.sample(state.priority_tree, targets, 0, 2, floor_key)
+        sampled_keys = segment_tree.leaf_values(state.priority_tree, indices)
+        floored = sampled_keys[:, 2] > 0
+        probabilities = jnp.where(floored, floor_key, sampled_keys[:, 0]) / mass
+        log_keys = jnp.where(floored, log_floor, sampled_keys[:, 1])
+        if config.importance_weight_normalization == "buffer":
+            log_key_floor = jnp.where(roots[2] > 0, log_floor, roots[1])
+        else:
+            log_key_floor = jnp.min(log_keys)
+        weights = jnp.exp(-beta * (log_keys - log_key_floor))
+    elif config.prioritized:
         roots = segment_tree.total(state.priority_tree)
         targets = segment_tree.stratified_targets(key, roots[0], batch_size)
         indices = segment_tree.sample(state.priority_tree, targets)

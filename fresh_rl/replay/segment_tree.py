@@ -228,12 +228,14 @@ def write(
     return tree.replace(nodes=rows)
 
 
-def _descend(tree: SegmentTree, remaining: jax.Array, column: int) -> jax.Array:
+def _descend(tree: SegmentTree, remaining: jax.Array, column: int,
+             count_column: int | None = None, count_mass=None) -> jax.Array:
     """Root-to-leaf walk on a sum column that only ever enters children of positive mass.
 
     Per level: one row gather of the K children ``c_0 … c_{K−1}`` of each current node, then
     the last child ``j`` with positive mass and ``S_j = c_0 + … + c_{j−1} ≤ remaining``, found
-    by one running sum over the K columns (elementwise over the batch, one fused loop).
+    by one running sum over the K columns (elementwise over the batch, one fused loop). With
+    ``count_column``, a node's mass is ``sum + count_mass · count`` (see :func:`sample`).
     """
     k, width = tree.fanout, tree.nodes.shape[1]
     child_rows = tree.nodes.reshape(-1, k * width)
@@ -246,6 +248,8 @@ def _descend(tree: SegmentTree, remaining: jax.Array, column: int) -> jax.Array:
         chosen, chosen_before = jnp.zeros_like(node), jnp.zeros_like(remaining)
         for j in range(k):
             mass = children[:, j * width + column]
+            if count_column is not None:
+                mass = mass + count_mass * children[:, j * width + count_column]
             enter = (before <= remaining) & (mass > 0)
             chosen = jnp.where(enter, j, chosen)
             chosen_before = jnp.where(enter, before, chosen_before)
@@ -259,7 +263,8 @@ def _descend(tree: SegmentTree, remaining: jax.Array, column: int) -> jax.Array:
     return node
 
 
-def sample(tree: SegmentTree, targets: jax.Array, column: int = 0) -> jax.Array:
+def sample(tree: SegmentTree, targets: jax.Array, column: int = 0,
+           count_column: int | None = None, count_mass=None) -> jax.Array:
     """Prefix-sum descent of a sum column: for each target mass returns a leaf index.
 
     Leaf ``i`` is returned for targets in ``[S_i, S_{i+1})`` with ``S`` the prefix sums of the
@@ -271,14 +276,36 @@ def sample(tree: SegmentTree, targets: jax.Array, column: int = 0) -> jax.Array:
     Args:
       tree: a tree whose ``column`` is a sum.
       targets: ``[B]`` target masses.
+      count_column: optional second sum column (e.g. a 0/1 indicator per leaf); the mass of a
+        leaf (and of a subtree) is then ``column + count_mass · count_column``, a scalar
+        ``count_mass`` shared by every counted leaf (the buffer's decayed-priority floor).
+      count_mass: that shared scalar (traced allowed); required with ``count_column``.
     Returns:
       ``[B]`` int32 leaf indices.
     """
     root = total(tree)[column]
+    if count_column is not None:
+        root = root + count_mass * total(tree)[count_column]
     below_root = jnp.nextafter(root, jnp.zeros_like(root))
     remaining = jnp.clip(targets.astype(tree.nodes.dtype), 0.0, below_root)
     remaining = jnp.where(jnp.isnan(remaining), 0.0, remaining)
-    return _descend(tree, remaining, column)
+    return _descend(tree, remaining, column, count_column, count_mass)
+
+
+def argmin(tree: SegmentTree, column: int) -> jax.Array:
+    """Index of a leaf holding the minimum of a "min" column (the first such leaf in the
+    descent): at every level the walk enters the first child whose value equals the parent's.
+    O(K log_K N). Meaningless (returns some leaf) when every leaf holds +inf."""
+    k, width = tree.fanout, tree.nodes.shape[1]
+    child_rows = tree.nodes.reshape(-1, k * width)
+    first_child_row = jnp.asarray([o // k for o in tree.level_offsets[1:-1]], jnp.int32)
+    target = total(tree)[column]
+
+    def step_down(d, node):
+        children = child_rows[first_child_row[d] + node].reshape(k, width)[:, column]
+        return k * node + jnp.argmax(children == target).astype(jnp.int32)
+
+    return jax.lax.fori_loop(0, tree.depth, step_down, jnp.zeros((), jnp.int32))
 
 
 def stratified_targets(key: jax.Array, total_mass: jax.Array, batch_size: int) -> jax.Array:
