@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fresh_rl.control import TrainConfig, VecEnv, evaluate, evaluation_key, train
+from fresh_rl.control import TrainConfig, VecEnv, evaluate, evaluation_key, networks, train
 from fresh_rl.control.env_types import RunningStats
 from fresh_rl.control.train import Batch, _forward_tv
 from fresh_rl.eval import eval_area_under_curve, eval_final_score
@@ -159,10 +159,12 @@ def test_forward_tv_matches_numpy(run):
         return np.take_along_axis(p / p.sum(-1, keepdims=True), np.asarray(action)[..., None], -1)[..., 0]
 
     expected = 0.5 * np.mean(np.abs(probs(new) / probs(old) - 1.0))
+    net = CONFIG.network()
+    logp_old = jax.jit(lambda p: networks.log_prob(net.apply(p, batch.obs)[0], batch.action))(old)
     forward_tv = jax.jit(_forward_tv, static_argnums=0)
     assert expected > 0.05
-    np.testing.assert_allclose(float(forward_tv(CONFIG, old, new, batch)), expected, rtol=1e-4)
-    assert float(forward_tv(CONFIG, old, old, batch)) == 0.0
+    np.testing.assert_allclose(float(forward_tv(CONFIG, logp_old, new, batch)), expected, rtol=1e-4)
+    assert float(forward_tv(CONFIG, logp_old, old, batch)) == 0.0
 
 
 def test_bad_evaluation_settings_name_the_field():

@@ -522,6 +522,7 @@ def _update(config: TrainConfig, state: TrainState, batch: Batch, key,
     perms = jnp.argsort(jax.random.bits(key, (config.passes_per_batch_used, units), jnp.uint32), axis=-1)
     (params, opt_state), step_metrics = jax.lax.scan(epoch, (state.params, state.opt_state), perms)
     metrics.update({f"loss/{k}": jnp.mean(v) for k, v in step_metrics.items()})
+    metrics["lag/forward_tv"] = _forward_tv(config, logp_T, params, batch)
     kl_coef = state.kl_coef
     if config.kl_adaptive is not None and "kl_penalty" in step_metrics:
         kl_coef = adaptive_kl_coefficient(kl_coef, jnp.mean(step_metrics["kl_penalty"][-1]),
@@ -530,17 +531,11 @@ def _update(config: TrainConfig, state: TrainState, batch: Batch, key,
     return state.replace(params=params, opt_state=opt_state, ring=ring, kl_coef=kl_coef), metrics
 
 
-def _forward_tv(config: TrainConfig, params_T, params, batch: Batch) -> jax.Array:
-    """½·mean|π_θ/π_T − 1| on the batch's (s, a): θ after the batch's updates, θ_T at its start
-    (one forward pass of both parameter sets, vmapped)."""
-    net = config.network()
-
-    def logp(p):
-        policy, _ = net.apply(p, batch.obs)
-        return networks.log_prob(policy, batch.action)
-
-    both = jax.vmap(logp)(jax.tree.map(lambda a, b: jnp.stack([a, b]), params_T, params))
-    return tv_estimate(both[1] - both[0])
+def _forward_tv(config: TrainConfig, logp_T, params, batch: Batch) -> jax.Array:
+    """½·mean|π_θ/π_T − 1| on the batch's (s, a): ``logp_T`` = log π_T(a|s) from the batch start
+    (:func:`_batch_start`), θ = ``params`` after the batch's updates (one forward pass)."""
+    policy, _ = config.network().apply(params, batch.obs)
+    return tv_estimate(networks.log_prob(policy, batch.action) - logp_T)
 
 
 def _evaluate_learner(config: TrainConfig, state: TrainState, key) -> tuple[TrainState, dict]:
@@ -583,9 +578,8 @@ def train_iteration(config: TrainConfig, state: TrainState, key: chex.PRNGKey,
     hparams = HyperParams.from_config(config) if hparams is None else hparams
     key_roll, key_upd = jax.random.split(key)
     state, batch, roll_metrics = _rollout(config, state, key_roll, hparams)
-    params_T = state.params
     state, upd_metrics = _update(config, state, batch, key_upd, hparams)
-    metrics = {**roll_metrics, **upd_metrics, "lag/forward_tv": _forward_tv(config, params_T, state.params, batch)}
+    metrics = {**roll_metrics, **upd_metrics}
     if config.eval_every:
         state, eval_metrics = _evaluate_learner(config, state, evaluation_key(key))
         metrics.update(eval_metrics)
