@@ -38,45 +38,15 @@ import time
 from pathlib import Path
 from typing import Optional
 
-import jax
 import numpy as np
 
-from fresh_rl.compilation_cache import CompileMeter, add_compilation_cache_flag, enable_from_args
-from fresh_rl.control import TrainConfig, train
+from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
 from fresh_rl.control.presets import (ABLATIONS, KEY_SCHEDULE, SWEPT_BASELINES, VACO_SCALES, Scale, headline_index,
-                                      saved_run_matches, study_variants, variant_config, variant_grid)
+                                      run_variant, saved_run_matches, study_variants, variant_config)
 from fresh_rl.eval import AGGREGATE_METRICS, aggregate_intervals, final_score, initial_score, seed_interval
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance
-from fresh_rl.sweep import nonfinite_cells, run_sharded, to_host
 
 RESULTS = REPOSITORY_ROOT / "results" / "vaco"
-
-def run_variant(config: TrainConfig, lags, deltas, num_seeds: int, seed: int) -> dict:
-    """All seeds × lags × deltas of one config in one compiled program sharded over all devices.
-
-    Returns numpy metrics shaped ``[lags, deltas, seeds, iterations]`` plus timing: compile_s
-    sums JAX's trace, lowering, XLA compile and cache-load seconds of the call
-    (:class:`fresh_rl.compilation_cache.CompileMeter`), run_s is the rest."""
-    L, D, S = len(lags), len(deltas), num_seeds
-    grid, hparams = variant_grid(config, lags, deltas, num_seeds, seed)
-    hparams.validate(config)
-    fn = lambda key, hp: train(config, key, hp).metrics  # noqa: E731
-    meter = CompileMeter()
-    start = time.perf_counter()
-    out = to_host(jax.block_until_ready(run_sharded(fn, grid.keys, hparams)))
-    total_s = time.perf_counter() - start
-    compile_s = meter.total
-    meter.close()
-    keep = ("episode_return", "episodes_completed", "lag/version_gap_mean", "lag/tv", "lag/ess",
-            "loss/tv", "loss/filter_on", "loss/mask_fraction", "loss/clip_fraction", "loss/entropy")
-    metrics = {k: v.reshape(L, D, S, -1) for k, v in out.items() if k in keep}
-    first_bad = np.full(L * D * S, -1)  # the non-finite guard of a sweep: mark cells, keep the rest
-    for cell, (step, _) in nonfinite_cells(out).items():
-        first_bad[cell] = step
-    return {"metrics": metrics, "compile_s": compile_s, "run_s": total_s - compile_s,
-            "env_steps": L * D * S * config.num_iterations * config.batch_size,
-            "nonfinite_from_iteration": first_bad.reshape(L, D, S)}
-
 
 def run_all(scale: Scale, out_dir: Path, seed: int, fresh: bool, log=print) -> dict:
     """Run (or load) every (task, variant); returns {(task, variant): saved dict}."""

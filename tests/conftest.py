@@ -4,7 +4,9 @@ import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # JAX compile time dominates; example counts are kept small and deadlines off.
@@ -36,3 +38,27 @@ import jax  # noqa: E402  (after the environment: the options are read at import
 jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs",
                   float(os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]))
+
+
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+@pytest.fixture
+def run_notebook(tmp_path):
+    """``run_notebook(stem)`` executes ``notebooks/<stem>.ipynb`` top to bottom in a fresh kernel
+    (working directory ``tmp_path``) and checks it drew a figure. A notebook's test lives in the
+    file whose experiment compiles the same programs, after that experiment's test, so the session's
+    compilation cache serves the notebook (--dist loadfile keeps a file on one worker, in order)."""
+    def run(stem: str):
+        import nbformat
+        from nbclient import NotebookClient
+
+        notebook = nbformat.read(NOTEBOOKS_DIR / f"{stem}.ipynb", as_version=4)
+        client = NotebookClient(notebook, timeout=900, kernel_name="python3",
+                                resources={"metadata": {"path": str(tmp_path)}})
+        client.execute()  # raises CellExecutionError with the failing cell's traceback
+        images = [o for c in notebook.cells if c.cell_type == "code" for o in c.get("outputs", [])
+                  if "image/png" in o.get("data", {})]
+        assert images, f"{stem} produced no figure"
+        return notebook
+    return run

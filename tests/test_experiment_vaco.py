@@ -103,3 +103,12 @@ def test_saved_runs_of_the_old_key_schedule_are_rejected():
     data["key_schedule"] = np.array(KEY_SCHEDULE)
     assert saved_run_matches(data, config, 0, (0, 4), (0.2,), 2)
     assert not saved_run_matches(data, config, 1, (0, 4), (0.2,), 2)
+
+
+def test_notebook_02_vaco_under_lag(run_notebook, ci_run):
+    """The notebook runs the ci scale through the study's ``run_variant`` (after the script: the
+    same programs, loaded from the session's compilation cache)."""
+    notebook = run_notebook("02_vaco_under_lag")
+    printed = "".join(o.get("text", "") for c in notebook.cells if c.cell_type == "code"
+                      for o in c.get("outputs", []))
+    assert "ppo_clip" in printed and "vaco" in printed

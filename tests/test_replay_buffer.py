@@ -1,6 +1,6 @@
 """Trajectory buffer: distributions vs an eager NumPy reference, FreshPER exactness, FIFO,
 validation, and jit / vmap / donation."""
-
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -472,38 +472,49 @@ def test_magnitude_priority_rejects_bad_arguments():
 # Online τ (set_age_decay_tau)
 
 
-@settings(max_examples=8)  # each example builds and runs three buffers eagerly (~6 s)
+@functools.cache
+def _filled_buffer(config: ReplayConfig):
+    """``(buffer, fill)``: 8 items added in 4 batches at versions 0, 3, 6, 9, then
+    ``fill(priorities)`` set; jitted once per config and reused across examples."""
+    buffer = make_trajectory_buffer(config)
+
+    @jax.jit
+    def fill(priorities):
+        state = buffer.init(example_item())
+        for v in range(4):
+            state = buffer.add(state, make_batch(2, float(v)), 3 * v)
+        return buffer.set_priorities(state, jnp.arange(8), priorities)
+
+    return buffer, fill
+
+
+@settings(max_examples=8)
 # priorities 0 (never sampled) or ≥ 1e-6: below that float32 rounds or flushes them to 0, which
 # is the floor's business (tests/test_replay_floor.py), not τ switching's
 @given(st.floats(0.5, 200.0), st.lists(st.one_of(st.just(0.0), st.floats(1e-6, 5.0)), min_size=8, max_size=8))
 def test_set_age_decay_tau_equals_a_buffer_built_with_that_tau(tau, priorities):
-    def fill(buffer):
-        state = buffer.init(example_item())
-        for v in range(4):
-            state = buffer.add(state, make_batch(2, float(v)), 3 * v)
-        return buffer.set_priorities(state, jnp.arange(8), jnp.asarray(priorities))
-
     if not any(priorities):
         priorities[0] = 1.0
-    start = make_trajectory_buffer(ReplayConfig(capacity=8, sample_batch_size=2,
-                                                age_decay_tau=7.0))
-    target = make_trajectory_buffer(ReplayConfig(capacity=8, sample_batch_size=2,
-                                                 age_decay_tau=tau))
-    switched = jax.jit(start.set_age_decay_tau)(fill(start), tau)  # traced τ
+    priorities = jnp.asarray(priorities, jnp.float32)
+    start, fill_start = _filled_buffer(ReplayConfig(capacity=8, sample_batch_size=2,
+                                                    age_decay_tau=7.0))
+    target, fill_target = _filled_buffer(ReplayConfig(capacity=8, sample_batch_size=2,
+                                                      age_decay_tau=tau))
+    switched = jax.jit(start.set_age_decay_tau)(fill_start(priorities), tau)  # traced τ
     reference = EagerReference(target.config)
     reference.add(8, 0)
     reference.version[:] = np.repeat(3 * np.arange(4), 2)
-    reference.set_priorities(range(8), priorities)
+    reference.set_priorities(range(8), np.asarray(priorities))
     np.testing.assert_allclose(start.sampling_probabilities(switched),
                                reference.probabilities(now=9), rtol=2e-5, atol=1e-7)
     np.testing.assert_allclose(start.sampling_probabilities(switched),
-                               target.sampling_probabilities(fill(target)), rtol=2e-5,
+                               target.sampling_probabilities(fill_target(priorities)), rtol=2e-5,
                                atol=1e-7)
     # τ = ∞ turns the decay off: standard PER
-    per = make_trajectory_buffer(ReplayConfig(capacity=8, sample_batch_size=2, sampling="per"))
+    per, fill_per = _filled_buffer(ReplayConfig(capacity=8, sample_batch_size=2, sampling="per"))
     np.testing.assert_allclose(
-        start.sampling_probabilities(start.set_age_decay_tau(fill(start), jnp.inf)),
-        per.sampling_probabilities(fill(per)), rtol=2e-5, atol=1e-7)
+        start.sampling_probabilities(jax.jit(start.set_age_decay_tau)(fill_start(priorities), jnp.inf)),
+        per.sampling_probabilities(fill_per(priorities)), rtol=2e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("bad", [0.0, -5.0, np.nan, -np.inf])

@@ -1,6 +1,6 @@
-"""fresh_rl.sweep: the sharded grid equals the plain vmapped one on 8 simulated CPU devices and
-really splits the work; a SIGKILLed run resumes bit-identically; bad checkpoints fail clearly
-and leave the previous good one usable."""
+"""fresh_rl.sweep: the VACO study's grid on 8 simulated CPU devices equals the plain vmapped one
+on one device and really splits the work; a SIGKILLed run resumes bit-identically; bad
+checkpoints fail clearly and leave the previous good one usable."""
 import functools
 import json
 import os
@@ -44,17 +44,24 @@ def _python(code: str, env_extra=None, **kwargs):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
-def test_sharded_grid_equals_plain_vmap_on_8_devices():
+def test_study_grid_on_8_devices_equals_1_device():
+    """The VACO study's grid path (``variant_grid`` + ``run_variant``, what
+    experiments/vaco_lag_sweep.py runs) on 8 simulated devices gives exactly the numbers of the
+    plain vmapped program on one device, and really splits the grid over the 8 devices."""
     code = """
-        from fresh_rl.sweep import product_grid, run_sharded, to_host
+        from fresh_rl.control.presets import run_variant, variant_grid
+        from fresh_rl.sweep import run_sharded, to_host
         assert jax.device_count() == 8, jax.devices()
-        grid = product_grid(4, seed=0, lag=[0, 2], vaco_delta=[0.1, 0.2])   # 16 points
-        fn = lambda key, lag, delta: train(CONFIG, key, HyperParams.from_config(CONFIG).replace(
-            lag=lag, vaco_delta=delta)).metrics
-        args = (grid.keys, jnp.asarray(grid.values["lag"]), jnp.asarray(grid.values["vaco_delta"], jnp.float32))
-        sharded = run_sharded(fn, *args)
-        chunked = run_sharded(fn, *args, chunk_size=8)
-        plain = jax.jit(jax.vmap(fn))(*args)
+        LAGS, DELTAS, SEEDS = [0, 2], [0.1, 0.2], 4   # 16 points
+        grid, hparams = variant_grid(CONFIG, LAGS, DELTAS, SEEDS, seed=0)
+        fn = lambda key, hp: train(CONFIG, key, hp).metrics
+        study = run_variant(CONFIG, LAGS, DELTAS, SEEDS, seed=0)["metrics"]   # [lags, deltas, seeds, iterations]
+        sharded = run_sharded(fn, grid.keys, hparams)
+        chunked = run_sharded(fn, grid.keys, hparams, chunk_size=8)
+        with jax.default_device(jax.devices()[0]):
+            plain = jax.jit(jax.vmap(fn))(grid.keys, hparams)   # one device, no sharding
+        assert len(jax.tree.leaves(plain)[0].devices()) == 1
+        plain = to_host(plain)
         ret = sharded["episode_return"]
         diff = lambda a, b: max(float(np.abs(np.asarray(x) - np.asarray(y)).max())
                                 for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
@@ -63,9 +70,12 @@ def test_sharded_grid_equals_plain_vmap_on_8_devices():
             "shard_devices": sorted(str(s.device) for s in ret.addressable_shards),
             "shard_rows": [s.data.shape[0] for s in ret.addressable_shards],
             "shard_index": [s.index[0].start for s in ret.addressable_shards],
-            "sharded_vs_plain": diff(sharded, plain),
+            "study_vs_plain": diff({k: study[k] for k in study},
+                                   {k: plain[k].reshape(study[k].shape) for k in study}),
+            "study_metrics": sorted(study),
+            "sharded_vs_plain": diff(to_host(sharded), plain),
             "chunked_vs_plain": diff(to_host(chunked), plain),
-            "gap_by_lag": [float(np.asarray(plain["lag/version_gap_mean"])[grid.values["lag"] == l].mean()) for l in (0, 2)],
+            "gap_by_lag": [float(study["lag/version_gap_mean"][i].mean()) for i in range(2)],
         }))
     """
     proc = _python(code, {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"})
@@ -76,6 +86,8 @@ def test_sharded_grid_equals_plain_vmap_on_8_devices():
     assert len(set(result["shard_devices"])) == 8  # one shard per device …
     assert result["shard_rows"] == [2] * 8  # … of 16 / 8 grid points each
     assert sorted(result["shard_index"]) == list(range(0, 16, 2))
+    assert {"episode_return", "lag/tv", "lag/version_gap_mean"} <= set(result["study_metrics"])
+    assert result["study_vs_plain"] == 0.0  # the study's grid: 8 devices == 1 device, exactly
     assert result["sharded_vs_plain"] == 0.0
     assert result["chunked_vs_plain"] < 1e-5  # another vmap width may reorder float reductions
     assert result["gap_by_lag"][0] == 0.0 and result["gap_by_lag"][1] > 1.0

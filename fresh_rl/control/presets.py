@@ -3,7 +3,9 @@
 ``experiments/vaco_lag_sweep.py`` runs these (VACO, arXiv 2603.01365; docs/vaco.md): each
 (task, variant) is one static :class:`~fresh_rl.control.train.TrainConfig`, and its seeds × lags
 × δ grid (:func:`variant_grid`, built by :func:`fresh_rl.sweep.product_grid`, the same grid and
-keys as ``fresh-rl sweep``) is one compiled program over traced :class:`HyperParams`.
+keys as ``fresh-rl sweep``) is one compiled program over traced :class:`HyperParams`, sharded
+over every device by :func:`run_variant` (the script, notebook 02 and the tests call it, so
+they share compiled programs).
 Scales: ``ci`` (the tests), ``quick`` (the quickstart), ``cpu`` (the committed results),
 ``paper`` (Brax MuJoCo tasks at 100M steps, for accelerators).
 
@@ -19,14 +21,18 @@ Saved runs, ``runs.csv`` and the ``delta`` columns hold the swept values (β for
 from __future__ import annotations
 
 import dataclasses
+import time
 
+import jax
 import numpy as np
 
+from fresh_rl.compilation_cache import CompileMeter
+
 from fresh_rl.control.hyperparams import HyperParams
-from fresh_rl.control.train import TrainConfig
+from fresh_rl.control.train import TrainConfig, train
 from fresh_rl.corrections import AdaptiveKLConfig
 from fresh_rl.lag import DelayConfig
-from fresh_rl.sweep import Grid, product_grid
+from fresh_rl.sweep import Grid, nonfinite_cells, product_grid, run_sharded, to_host
 
 MAIN_METHODS = ("ppo_clip", "ppo_kl_adaptive", "ppo_kl_fixed", "spo", "impala", "vaco")
 KL_COEFS = (0.01, 0.03, 0.1, 0.3, 1.0)
@@ -132,6 +138,35 @@ def variant_grid(config: TrainConfig, lags, deltas, num_seeds: int, seed: int) -
     stacked :class:`HyperParams` of its points."""
     grid = product_grid(num_seeds, seed=seed, lag=list(lags), **{swept_field(config): list(deltas)})
     return grid, HyperParams.from_grid(config, grid.values)
+
+
+def run_variant(config: TrainConfig, lags, deltas, num_seeds: int, seed: int) -> dict:
+    """Runs one variant's grid (:func:`variant_grid`: all seeds × lags × deltas of ``config``)
+    as one compiled program sharded over all devices (:func:`fresh_rl.sweep.run_sharded`).
+
+    Returns numpy metrics shaped ``[lags, deltas, seeds, iterations]`` plus timing: compile_s
+    sums JAX's trace, lowering, XLA compile and cache-load seconds of the call
+    (:class:`fresh_rl.compilation_cache.CompileMeter`), run_s is the rest."""
+    L, D, S = len(lags), len(deltas), num_seeds
+    grid, hparams = variant_grid(config, lags, deltas, num_seeds, seed)
+    hparams.validate(config)
+    fn = lambda key, hp: train(config, key, hp).metrics  # noqa: E731
+    meter = CompileMeter()
+    start = time.perf_counter()
+    out = to_host(jax.block_until_ready(run_sharded(fn, grid.keys, hparams)))
+    total_s = time.perf_counter() - start
+    compile_s = meter.total
+    meter.close()
+    keep = ("episode_return", "episodes_completed", "lag/version_gap_mean", "lag/tv", "lag/ess", "lag/forward_tv",
+            "eval/return_deterministic", "eval/return_stochastic", "eval/valid",
+            "loss/tv", "loss/filter_on", "loss/mask_fraction", "loss/clip_fraction", "loss/entropy")
+    metrics = {k: v.reshape(L, D, S, -1) for k, v in out.items() if k in keep}
+    first_bad = np.full(L * D * S, -1)  # the non-finite guard of a sweep: mark cells, keep the rest
+    for cell, (step, _) in nonfinite_cells(out).items():
+        first_bad[cell] = step
+    return {"metrics": metrics, "compile_s": compile_s, "run_s": total_s - compile_s,
+            "env_steps": L * D * S * config.num_iterations * config.batch_size,
+            "nonfinite_from_iteration": first_bad.reshape(L, D, S)}
 
 
 def headline_index(variant: str, values, final_scores) -> int:
