@@ -7,27 +7,36 @@ an extra baseline, a δ sweep and a component ablation.
 
 Every (task, variant) pair is one compiled program: ``train`` vmapped over the
 ``fresh_rl.sweep.product_grid`` of seeds × lag levels (× δ values for VACO, × β for ppo_kl_fixed) with
-:class:`fresh_rl.control.HyperParams`, sharded over all devices by ``fresh_rl.sweep.run_sharded``
-(the same grid, keys and program as ``fresh-rl sweep``). Finished pairs are saved to
-``results/vaco/runs/*.npz`` as they complete, so an interrupted sweep resumes where it stopped
-(``--fresh`` recomputes everything); saved runs of an older key schedule are recomputed.
+:class:`fresh_rl.control.HyperParams`, sharded over all devices by
+``fresh_rl.control.presets.run_variant`` (the same grid, keys and program as ``fresh-rl sweep``).
+A scale with a delay mixture (``cpu``, ``paper``: lags 0, 8, 32, 64 and geometric actor delays
+of mean 8, docs/vaco.md) runs it as a second program per pair, the last column of the lag axis
+(``-1``, "mixture" in the tables). Finished pairs are saved to ``results/vaco/runs/*.npz`` as
+they complete, so an interrupted sweep resumes where it stopped (``--fresh`` recomputes
+everything); saved runs of an older key schedule, config or mixture are recomputed.
 
-Outputs (``results/vaco/``): ``runs.csv`` (one row per run: final score, initial score, lag
-metrics), ``curves.csv`` (seed-mean return per iteration with 95% bootstrap bands),
-``curves_<task>.png``, ``aggregates.{csv,png}`` (rliable median / IQM / mean / optimality gap
-with 95% stratified-bootstrap intervals per method and lag), ``delta_sweep.{csv,png}``,
-``ablation.csv``, and ``summary.md`` with the verdicts computed from those numbers.
+Outputs (``results/vaco/``): ``runs.csv`` (one row per run: final score, initial score, training
+return, evaluation AUC, lag metrics), ``curves.csv`` (seed-mean return per iteration with 95%
+bootstrap bands), ``curves_<task>.png``, ``aggregates.{csv,png}`` (rliable median / IQM / mean /
+optimality gap with 95% stratified-bootstrap intervals per method and lag),
+``score_vs_tv.{csv,png}`` (seed-mean normalised score against the measured backward TV per
+method, task and lag), ``delta_sweep.{csv,png}`` (per VACO variant), ``ablation.csv``, and
+``summary.md`` with the verdicts computed from those numbers.
 
     python experiments/vaco_lag_sweep.py --scale ci     # ~2 min, CartPole, run by the tests
     python experiments/vaco_lag_sweep.py --scale quick  # ~5 min, part of experiments/quickstart.py
-    python experiments/vaco_lag_sweep.py --scale cpu    # the committed results (~1 h, 2-core CPU)
+    python experiments/vaco_lag_sweep.py --scale cpu    # the study: 5 tasks, 10 seeds (many hours, resumable)
+    python experiments/vaco_lag_sweep.py --scale gpu10  # ~10 min on one GPU (estimated, not yet run)
     python experiments/vaco_lag_sweep.py --scale paper  # Brax MuJoCo tasks at 100M steps (GPU/TPU)
 
-**Scores.** A run's final score is the mean episode return over its last 10% of iterations;
-normalised per task as ``(R − R_init)/(R_best − R_init)`` with R_init the mean return of the
-first completed episodes over all the task's runs (the untrained policy) and R_best the best
-final score of any run on the task (our choice: the paper's normalisation is unknown). A run
-whose parameters diverged (NaN returns) scores R_init, i.e. 0, and is counted in the summary.
+**Scores.** A run's final score is the learner's deterministic evaluation averaged over the
+last 10% of its evaluations when the scale evaluates the learner (``eval_every`` > 0: ``cpu``,
+``gpu10``, ``paper``), else the mean episode return of the actors over the last 10% of
+iterations (``ci``, ``quick``); normalised per task as ``(R − R_init)/(R_best − R_init)`` with
+R_init the mean return of the first completed episodes over all the task's runs (the untrained
+policy) and R_best the best final score of any run on the task (our choice: the paper's
+normalisation is unknown). A run whose parameters diverged (NaN returns) scores R_init, i.e.
+0, and is counted in the summary.
 """
 from __future__ import annotations
 
@@ -42,8 +51,10 @@ import numpy as np
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
 from fresh_rl.control.presets import (ABLATIONS, KEY_SCHEDULE, SWEPT_BASELINES, VACO_SCALES, Scale, headline_index,
-                                      run_variant, saved_run_matches, study_variants, variant_config)
-from fresh_rl.eval import AGGREGATE_METRICS, aggregate_intervals, final_score, initial_score, seed_interval
+                                      VACO_VARIANTS, lag_name, run_study_variant, saved_run_matches, study_variants,
+                                      variant_config)
+from fresh_rl.eval import (AGGREGATE_METRICS, aggregate_intervals, eval_area_under_curve, eval_final_score, final_score,
+                           initial_score, seed_interval)
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance
 
 RESULTS = REPOSITORY_ROOT / "results" / "vaco"
@@ -52,22 +63,21 @@ def run_all(scale: Scale, out_dir: Path, seed: int, fresh: bool, log=print) -> d
     """Run (or load) every (task, variant); returns {(task, variant): saved dict}."""
     runs_dir = out_dir / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
-    ring = max(scale.lags) + 1
     results = {}
     for task in scale.tasks:
         for variant, method, overrides, deltas in study_variants(scale, task):
             path = runs_dir / f"{task.name.replace('/', '_')}__{variant}.npz"
-            config = variant_config(task, method, overrides, ring)
+            config = variant_config(task, method, overrides, scale.ring_size)
             if path.exists() and not fresh:
                 data = dict(np.load(path, allow_pickle=False))
-                if saved_run_matches(data, config, seed, scale.lags, deltas, scale.num_seeds):
+                if saved_run_matches(data, config, seed, scale.study_lags, deltas, scale.num_seeds, scale.mixture):
                     log(f"[resume] {task.name} {variant}: loaded {path.name}")
                     results[(task.name, variant)] = data
                     continue
-            res = run_variant(config, scale.lags, deltas, scale.num_seeds, seed)
+            res = run_study_variant(scale, config, deltas, seed)
             data = {k.replace("/", "__"): v for k, v in res["metrics"].items()}
             data.update(config=np.array(repr(config)), seed=np.array(seed), key_schedule=np.array(KEY_SCHEDULE),
-                        lags=np.array(scale.lags),
+                        lags=np.array(scale.study_lags), mixture=np.array(repr(scale.mixture)),
                         deltas=np.array(deltas), compile_s=np.array(res["compile_s"]),
                         run_s=np.array(res["run_s"]), env_steps=np.array(res["env_steps"]),
                         batch_size=np.array(config.batch_size),
@@ -81,14 +91,23 @@ def run_all(scale: Scale, out_dir: Path, seed: int, fresh: bool, log=print) -> d
             tmp.replace(path)  # atomic: an interrupted write never leaves a half file
             log(f"{task.name} {variant}: compile {res['compile_s']:.0f}s run {res['run_s']:.0f}s "
                 f"({res['env_steps'] / res['run_s']:.0f} env steps/s over all runs); final return by lag "
-                f"{np.round(final_score(data['episode_return'])[:, _delta_index(variant, data)].mean(-1), 1).tolist()}")
+                f"{np.round(run_final_score(data)[:, _delta_index(variant, data)].mean(-1), 1).tolist()}")
             results[(task.name, variant)] = data
     return results
 
 
 def _delta_index(variant: str, data) -> int:
     """The swept value ``variant`` is reported with (``fresh_rl.control.presets.headline_index``)."""
-    return headline_index(variant, data["deltas"], final_score(data["episode_return"]))
+    return headline_index(variant, data["deltas"], run_final_score(data))
+
+
+def run_final_score(d) -> np.ndarray:
+    """Final score per run ``[lags, deltas, seeds]``: the learner's deterministic evaluation
+    (mean of the last 10% of evaluations) when the runs evaluated it (``eval_every`` > 0), else
+    the training return of the (stale) behaviour policy over the last 10% of iterations."""
+    if "eval__return_deterministic" in d:
+        return eval_final_score(d["eval__return_deterministic"], d["eval__valid"] > 0)
+    return final_score(d["episode_return"])
 
 
 def score_tables(scale: Scale, results: dict):
@@ -98,12 +117,12 @@ def score_tables(scale: Scale, results: dict):
     for task in scale.tasks:
         datas = [d for (t, _), d in results.items() if t == task.name]
         init = np.nanmean([np.nanmean(initial_score(d["episode_return"], d["episodes_completed"])) for d in datas])
-        best = max(np.nanmax(final_score(d["episode_return"])) for d in datas)
+        best = max(np.nanmax(run_final_score(d)) for d in datas)
         bounds[task.name] = (float(init), float(best))
     scores = {}
     for (task_name, variant), d in results.items():
         low, high = bounds[task_name]
-        final = np.nan_to_num(final_score(d["episode_return"]), nan=low)  # diverged → untrained
+        final = np.nan_to_num(run_final_score(d), nan=low)  # diverged → untrained
         norm = (final - low) / max(high - low, 1e-8)  # [L, D, S]
         for li, lag in enumerate(np.asarray(d["lags"]).tolist()):
             for di, delta in enumerate(np.asarray(d["deltas"]).tolist()):
@@ -124,6 +143,7 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
     import matplotlib.pyplot as plt
 
     tasks = [t.name for t in scale.tasks]
+    lags = scale.study_lags
     ablation_tasks = [t.name for t in scale.tasks if t.ablations]
     scores, bounds = score_tables(scale, results)
 
@@ -131,29 +151,67 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
     with open(out_dir / "runs.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["task", "variant", "lag", "delta", "seed", "final_return", "initial_return",
-                    "normalized_score", "mean_version_gap", "mean_tv_behaviour", "mean_filter_on",
+                    "normalized_score", "final_training_return", "eval_auc", "mean_version_gap",
+                    "mean_tv_behaviour", "mean_forward_tv", "mean_ess", "mean_filter_on",
                     "mean_mask_fraction", "mean_clip_fraction"])
         for (task_name, variant), d in sorted(results.items()):
             low, high = bounds[task_name]
-            fin = final_score(d["episode_return"])
+            fin = run_final_score(d)
+            training = final_score(d["episode_return"])
+            auc = (eval_area_under_curve(d["eval__return_deterministic"], d["eval__valid"] > 0)
+                   if "eval__return_deterministic" in d else None)
+            init = initial_score(d["episode_return"], d["episodes_completed"])
             for li, lag in enumerate(d["lags"].tolist()):
                 for di, delta in enumerate(d["deltas"].tolist()):
-                    init = initial_score(d["episode_return"], d["episodes_completed"])
                     for s in range(fin.shape[2]):
                         def m(key):
                             return float(d[key][li, di, s].mean()) if key in d else ""
-                        w.writerow([task_name, variant, lag, delta, s, f"{fin[li, di, s]:.3f}",
+                        w.writerow([task_name, variant, lag_name(lag), delta, s, f"{fin[li, di, s]:.3f}",
                                     f"{init[li, di, s]:.3f}",
                                     f"{(np.nan_to_num(fin[li, di, s], nan=low) - low) / max(high - low, 1e-8):.4f}",
-                                    m("lag__version_gap_mean"), m("lag__tv"), m("loss__filter_on"),
-                                    m("loss__mask_fraction"), m("loss__clip_fraction")])
+                                    f"{training[li, di, s]:.3f}", "" if auc is None else f"{auc[li, di, s]:.3f}",
+                                    m("lag__version_gap_mean"), m("lag__tv"), m("lag__forward_tv"), m("lag__ess"),
+                                    m("loss__filter_on"), m("loss__mask_fraction"), m("loss__clip_fraction")])
+
+    # score against the *measured* backward TV(π_T, β): a fixed lag moves methods by different
+    # amounts (PPO's trust region keeps π_T near β), so this is the comparison at equal drift
+    tv_rows = []
+    for (task_name, variant), d in sorted(results.items()):
+        if variant not in scale.methods or "lag__tv" not in d:
+            continue
+        low, high = bounds[task_name]
+        di = _delta_index(variant, d)
+        norm = (np.nan_to_num(run_final_score(d), nan=low) - low) / max(high - low, 1e-8)
+        for li, lag in enumerate(d["lags"].tolist()):
+            tv_rows.append((task_name, variant, lag_name(lag), float(np.nanmean(d["lag__tv"][li, di])),
+                            float(norm[li, di].mean())))
+    with open(out_dir / "score_vs_tv.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["task", "variant", "lag", "mean_backward_tv", "normalized_score_seed_mean"])
+        w.writerows([r[:3] + (f"{r[3]:.4f}", f"{r[4]:.4f}") for r in tv_rows])
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.4), squeeze=False)
+    for ti, task_name in enumerate(tasks):
+        ax = axes[0, ti]
+        for vi, variant in enumerate(scale.methods):
+            pts = [r for r in tv_rows if r[0] == task_name and r[1] == variant]
+            if pts:
+                ax.plot([r[3] for r in pts], [r[4] for r in pts], "o-", color=f"C{vi}", label=variant, lw=0.8)
+                for r in pts:
+                    ax.annotate(r[2], (r[3], r[4]), fontsize=6)
+        ax.set_title(task_name, fontsize=9)
+        ax.set_xlabel("measured backward TV(π_T, β), run mean")
+    axes[0, 0].set_ylabel("normalised final score (seed mean)")
+    axes[0, -1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "score_vs_tv.png", dpi=110)
+    plt.close(fig)
 
     # learning curves
     with open(out_dir / "curves.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["task", "variant", "lag", "iteration", "env_steps", "mean_return", "ci_low", "ci_high"])
         for task_name in tasks:
-            fig, axes = plt.subplots(1, len(scale.lags), figsize=(4.2 * len(scale.lags), 3.4), squeeze=False)
+            fig, axes = plt.subplots(1, len(lags), figsize=(4.2 * len(lags), 3.4), squeeze=False)
             for variant in list(scale.methods) + [a for a in scale.ablations if task_name in ablation_tasks]:
                 d = results.get((task_name, variant))
                 if d is None:
@@ -169,7 +227,7 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
                     style = "--" if variant in ABLATIONS else "-"
                     ax.plot(steps, mean, style, label=variant, lw=1.2)
                     ax.fill_between(steps, low, high, alpha=0.15)
-                    ax.set_title(f"{task_name}, lag {lag}")
+                    ax.set_title(f"{task_name}, lag {lag_name(lag)}")
                     ax.set_xlabel("env steps")
             axes[0, 0].set_ylabel("episode return")
             axes[0, -1].legend(fontsize=7)
@@ -180,7 +238,7 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
     # rliable aggregates: main methods over all tasks, per lag
     agg_rows = []
     agg = {}
-    for lag in scale.lags:
+    for lag in scale.study_lags:
         score_dict = {}
         for variant in scale.methods:
             mat = _matrix(scores.get((variant, lag, "headline"), {}), tasks)
@@ -189,14 +247,14 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
         agg[lag] = aggregate_intervals(score_dict, reps=reps)
         for variant, metrics in agg[lag].items():
             for metric, (p, lo, hi) in metrics.items():
-                agg_rows.append([lag, variant, metric, f"{p:.4f}", f"{lo:.4f}", f"{hi:.4f}"])
+                agg_rows.append([lag_name(lag), variant, metric, f"{p:.4f}", f"{lo:.4f}", f"{hi:.4f}"])
     with open(out_dir / "aggregates.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["lag", "method", "metric", "point", "ci_low", "ci_high"])
         w.writerows(agg_rows)
-    fig, axes = plt.subplots(len(scale.lags), 4, figsize=(13, 1.2 + 0.45 * len(scale.methods) * len(scale.lags)),
+    fig, axes = plt.subplots(len(lags), 4, figsize=(13, 1.2 + 0.45 * len(scale.methods) * len(lags)),
                              squeeze=False)
-    for li, lag in enumerate(scale.lags):
+    for li, lag in enumerate(scale.study_lags):
         for mi, metric in enumerate(AGGREGATE_METRICS):
             ax = axes[li, mi]
             for yi, variant in enumerate(scale.methods):
@@ -207,7 +265,7 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
                 ax.plot([p], [yi], "k|", ms=12)
             ax.set_yticks(range(len(scale.methods)))
             ax.set_yticklabels(scale.methods if mi == 0 else [])
-            ax.set_title(f"{metric} (lag {lag})", fontsize=9)
+            ax.set_title(f"{metric} (lag {lag_name(lag)})", fontsize=9)
     fig.suptitle("normalised final score, 95% stratified-bootstrap CIs over seeds")
     fig.tight_layout()
     fig.savefig(out_dir / "aggregates.png", dpi=110)
@@ -217,39 +275,43 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
     delta_rows, ablation_rows = [], []
     delta_agg, ablation_agg = {}, {}
     if ablation_tasks and len(scale.deltas) > 1:
-        for lag in scale.lags:
-            sd = {}
-            for delta in scale.deltas:
-                mat = _matrix(scores.get(("vaco", lag, float(delta)), {}), ablation_tasks)
-                if mat is not None:
-                    sd[str(delta)] = mat
-            delta_agg[lag] = aggregate_intervals(sd, reps=reps)
-            for delta, mets in delta_agg[lag].items():
-                p, lo, hi = mets["iqm"]
-                delta_rows.append([lag, delta, f"{p:.4f}", f"{lo:.4f}", f"{hi:.4f}",
-                                   f"{mets['mean'][0]:.4f}"])
+        vaco_variants = [v for v in VACO_VARIANTS if v in scale.methods]
+        for variant in vaco_variants:
+            for lag in scale.study_lags:
+                sd = {}
+                for delta in scale.deltas:
+                    mat = _matrix(scores.get((variant, lag, float(delta)), {}), ablation_tasks)
+                    if mat is not None:
+                        sd[str(delta)] = mat
+                delta_agg[variant, lag] = aggregate_intervals(sd, reps=reps)
+                for delta, mets in delta_agg[variant, lag].items():
+                    p, lo, hi = mets["iqm"]
+                    delta_rows.append([variant, lag_name(lag), delta, f"{p:.4f}", f"{lo:.4f}", f"{hi:.4f}",
+                                       f"{mets['mean'][0]:.4f}"])
         with open(out_dir / "delta_sweep.csv", "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["lag", "delta", "iqm", "iqm_ci_low", "iqm_ci_high", "mean"])
+            w.writerow(["variant", "lag", "delta", "iqm", "iqm_ci_low", "iqm_ci_high", "mean"])
             w.writerows(delta_rows)
-        fig, ax = plt.subplots(figsize=(5, 3.4))
-        for li, lag in enumerate(scale.lags):
-            xs = [float(k) for k in delta_agg[lag]]
-            ys = [v["iqm"][0] for v in delta_agg[lag].values()]
-            lo = [v["iqm"][1] for v in delta_agg[lag].values()]
-            hi = [v["iqm"][2] for v in delta_agg[lag].values()]
-            ax.errorbar(np.array(xs) * (1 + 0.03 * li), ys, yerr=[np.subtract(ys, lo), np.subtract(hi, ys)],
-                        marker="o", capsize=3, label=f"lag {lag}")
-        ax.set_xscale("log")
-        ax.set_xlabel("δ (TV threshold)")
-        ax.set_ylabel("IQM normalised score")
-        ax.set_title(f"VACO δ sweep ({', '.join(ablation_tasks)})", fontsize=8)
-        ax.legend()
+        fig, axes = plt.subplots(1, len(vaco_variants), figsize=(5 * len(vaco_variants), 3.4), squeeze=False)
+        for ax, variant in zip(axes[0], vaco_variants):
+            for li, lag in enumerate(scale.study_lags):
+                sweep = delta_agg[variant, lag]
+                xs = [float(k) for k in sweep]
+                ys = [v["iqm"][0] for v in sweep.values()]
+                lo = [v["iqm"][1] for v in sweep.values()]
+                hi = [v["iqm"][2] for v in sweep.values()]
+                ax.errorbar(np.array(xs) * (1 + 0.03 * li), ys, yerr=[np.subtract(ys, lo), np.subtract(hi, ys)],
+                            marker="o", capsize=3, label=f"lag {lag_name(lag)}")
+            ax.set_xscale("log")
+            ax.set_xlabel(f"δ ({'mean |r − 1|' if variant == 'vaco_l1' else 'TV = ½·mean |r − 1|'})")
+            ax.set_ylabel("IQM normalised score")
+            ax.set_title(f"{variant} δ sweep ({', '.join(ablation_tasks)})", fontsize=8)
+            ax.legend(fontsize=7)
         fig.tight_layout()
         fig.savefig(out_dir / "delta_sweep.png", dpi=110)
         plt.close(fig)
     if ablation_tasks and scale.ablations:
-        for lag in scale.lags:
+        for lag in scale.study_lags:
             sd = {}
             for variant in ("vaco",) + tuple(scale.ablations) + tuple(m for m in scale.methods if m != "vaco"):
                 mat = _matrix(scores.get((variant, lag, "headline"), {}), ablation_tasks)
@@ -258,7 +320,7 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
             ablation_agg[lag] = aggregate_intervals(sd, reps=reps)
             for variant, mets in ablation_agg[lag].items():
                 p, lo, hi = mets["iqm"]
-                ablation_rows.append([lag, variant, f"{p:.4f}", f"{lo:.4f}", f"{hi:.4f}", f"{mets['mean'][0]:.4f}"])
+                ablation_rows.append([lag_name(lag), variant, f"{p:.4f}", f"{lo:.4f}", f"{hi:.4f}", f"{mets['mean'][0]:.4f}"])
         with open(out_dir / "ablation.csv", "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["lag", "variant", "iqm", "iqm_ci_low", "iqm_ci_high", "mean"])
@@ -279,10 +341,10 @@ def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, head
              "Normalised final score (0 = untrained policy, 1 = best run on the task); point and 95% "
              "stratified-bootstrap CI over seeds.", ""]
     lines += ["## Per-task final return (seed mean ± half-width of 95% CI)", "",
-              "| task | variant | " + " | ".join(f"lag {lag}" for lag in scale.lags) + " |",
-              "|---|---|" + "---|" * len(scale.lags)]
+              "| task | variant | " + " | ".join(f"lag {lag_name(lag)}" for lag in scale.study_lags) + " |",
+              "|---|---|" + "---|" * len(scale.study_lags)]
     for (task_name, variant), d in sorted(results.items()):
-        fin = final_score(d["episode_return"])[:, _delta_index(variant, d)]  # [L, S]
+        fin = run_final_score(d)[:, _delta_index(variant, d)]  # [L, S]
         cells = []
         for li in range(fin.shape[0]):
             ok = np.isfinite(fin[li])
@@ -297,39 +359,43 @@ def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, head
                   + ", ".join(tuned) + "."]
     lines += ["", "## Aggregates over all tasks (main methods)", "",
               "| lag | method | " + " | ".join(AGGREGATE_METRICS) + " |", "|---|---|" + "---|" * 4]
-    for lag in scale.lags:
+    for lag in scale.study_lags:
         for variant, mets in agg[lag].items():
-            lines.append(f"| {lag} | {variant} | " + " | ".join(_fmt(mets[m]) for m in AGGREGATE_METRICS) + " |")
+            lines.append(f"| {lag_name(lag)} | {variant} | " + " | ".join(_fmt(mets[m]) for m in AGGREGATE_METRICS)
+                         + " |")
 
     # verdicts
     lines += ["", "## Verdicts (computed)", ""]
-    if "vaco" in agg[scale.lags[0]]:
-        for lag in scale.lags:
-            v = agg[lag]["vaco"]["iqm"]
-            others = {k: m["iqm"] for k, m in agg[lag].items() if k != "vaco"}
+    for vaco in [v for v in VACO_VARIANTS if v in agg[scale.lags[0]]]:
+        for lag in scale.study_lags:
+            v = agg[lag][vaco]["iqm"]
+            others = {k: m["iqm"] for k, m in agg[lag].items() if k not in VACO_VARIANTS}
+            if not others:
+                continue
             best_name = max(others, key=lambda k: others[k][0])
             b = others[best_name]
             if v[1] > b[2]:
-                word = "VACO best (CIs separate)"
+                word = f"{vaco} best (CIs separate)"
             elif v[2] < b[1]:
-                word = f"VACO worse than {best_name} (CIs separate)"
+                word = f"{vaco} worse than {best_name} (CIs separate)"
             elif v[0] >= b[0]:
-                word = "VACO highest point estimate, CIs overlap"
+                word = f"{vaco} highest point estimate, CIs overlap"
             else:
                 word = f"{best_name} higher point estimate, CIs overlap"
-            lines.append(f"- lag {lag}: IQM VACO {_fmt(v)} vs best baseline {best_name} {_fmt(b)} → {word}.")
-        lo_lag, hi_lag = scale.lags[0], scale.lags[-1]
+            lines.append(f"- lag {lag_name(lag)}: IQM {vaco} {_fmt(v)} vs best baseline {best_name} {_fmt(b)} "
+                         f"→ {word}.")
+        lo_lag, hi_lag = scale.lags[0], max(scale.lags)
         drops = {k: agg[lo_lag][k]["iqm"][0] - agg[hi_lag][k]["iqm"][0] for k in agg[lo_lag] if k in agg[hi_lag]}
         order = sorted(drops, key=drops.get)
         lines.append(f"- IQM drop from lag {lo_lag} to lag {hi_lag} (smaller = more robust): "
                      + ", ".join(f"{k} {drops[k]:+.3f}" for k in order)
-                     + f" → VACO ranks {order.index('vaco') + 1} of {len(order)}.")
-    for lag, sd in delta_agg.items():
+                     + f" → {vaco} ranks {order.index(vaco) + 1} of {len(order)}.")
+    for (variant, lag), sd in delta_agg.items():
         vals = {k: v["iqm"][0] for k, v in sd.items()}
-        lines.append(f"- δ sweep at lag {lag}: IQM " + ", ".join(f"δ={k}: {v:.3f}" for k, v in vals.items())
+        lines.append(f"- {variant} δ sweep at lag {lag_name(lag)}: IQM " + ", ".join(f"δ={k}: {v:.3f}" for k, v in vals.items())
                      + f" (spread {max(vals.values()) - min(vals.values()):.3f}).")
     for lag, sd in ablation_agg.items():
-        lines.append(f"- ablation at lag {lag} (IQM): " + ", ".join(f"{k} {_fmt(v['iqm'])}" for k, v in sd.items()))
+        lines.append(f"- ablation at lag {lag_name(lag)} (IQM): " + ", ".join(f"{k} {_fmt(v['iqm'])}" for k, v in sd.items()))
     lines.append("")
     return "\n".join(lines)
 
@@ -353,7 +419,7 @@ def main(argv=None):
         "wall_time_s_this_invocation": round(time.perf_counter() - start, 1),
         "compile_s_total": round(float(sum(float(d["compile_s"]) for d in results.values())), 1),
         "run_s_total": round(float(sum(float(d["run_s"]) for d in results.values())), 1),
-        "seeds": scale.num_seeds, "lags": list(scale.lags),
+        "seeds": scale.num_seeds, "lags": list(scale.lags), "mixture": repr(scale.mixture),
     }
     summary = write_outputs(scale, results, args.out, header, args.bootstrap_reps)
     print(summary)

@@ -1,7 +1,8 @@
 """The ``ci`` scale of experiments/vaco_lag_sweep.py runs inside the test suite: PPO-clip and
 VACO both learn CartPole, the outputs are written, and a second invocation resumes from the
-saved runs instead of recomputing them (and rejects runs of the old key schedule); its grid
-derives the same key per cell as ``fresh-rl sweep``."""
+saved runs instead of recomputing them (and rejects runs of the old key schedule or another delay
+mixture); its grid derives the same key per cell as ``fresh-rl sweep``; every scale's variants
+validate before compiling; the delay-mixture column; notebook 02 (the ci programs)."""
 import csv
 import os
 import subprocess
@@ -11,7 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fresh_rl.control.presets import KEY_SCHEDULE, VACO_SCALES, saved_run_matches, variant_config, variant_grid
+from fresh_rl.control.presets import (KEY_SCHEDULE, MIXTURE_LAG, VACO_SCALES, Scale, Task, checked_variant_grid,
+                                      mixture_config, run_study_variant, saved_run_matches,
+                                      study_variants, variant_config, variant_grid)
+from fresh_rl.lag import DelayConfig
 from fresh_rl.eval import final_score, initial_score
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +56,7 @@ def test_ci_scale_learns_cartpole_for_ppo_clip_and_vaco(ci_run):
 def test_ci_scale_writes_outputs_and_acts_with_the_swept_lag(ci_run):
     out, results = ci_run
     for name in ("runs.csv", "curves.csv", "aggregates.csv", "aggregates.png", "summary.md",
-                 "curves_CartPole-v1.png"):
+                 "curves_CartPole-v1.png", "score_vs_tv.csv", "score_vs_tv.png"):
         assert (out / name).stat().st_size > 0, name
     rows = list(csv.DictReader(open(out / "runs.csv")))
     assert len(rows) == 2 * 2 * 2  # variants × lags × seeds
@@ -63,6 +67,11 @@ def test_ci_scale_writes_outputs_and_acts_with_the_swept_lag(ci_run):
     assert gaps[("vaco", 0)] == 0.0
     np.testing.assert_allclose(gaps[("vaco", k)], (sum(range(k)) + k * (iters - k)) / iters)
     assert "Verdicts" in (out / "summary.md").read_text()
+    # score against the measured backward TV: one point per variant and lag; lag 4 drifts more
+    tv = {(r["variant"], r["lag"]): float(r["mean_backward_tv"])
+          for r in csv.DictReader(open(out / "score_vs_tv.csv"))}
+    assert set(tv) == {(v, lag) for v in VARIANTS for lag in ("0", "4")}
+    assert all(tv[v, "4"] > tv[v, "0"] for v in VARIANTS), tv
 
 
 def test_second_invocation_resumes_from_saved_runs(ci_run):
@@ -103,6 +112,69 @@ def test_saved_runs_of_the_old_key_schedule_are_rejected():
     data["key_schedule"] = np.array(KEY_SCHEDULE)
     assert saved_run_matches(data, config, 0, (0, 4), (0.2,), 2)
     assert not saved_run_matches(data, config, 1, (0, 4), (0.2,), 2)
+
+
+def test_saved_runs_of_another_mixture_are_rejected():
+    scale = VACO_SCALES["cpu"]
+    config = variant_config(scale.tasks[0], "vaco", {}, scale.ring_size)
+    data = {"config": np.array(repr(config)), "seed": np.array(0), "lags": np.array(scale.study_lags),
+            "deltas": np.array([0.2]), "episode_return": np.zeros((5, 1, 2, 3)),
+            "key_schedule": np.array(KEY_SCHEDULE), "mixture": np.array(repr(scale.mixture))}
+    assert saved_run_matches(data, config, 0, scale.study_lags, (0.2,), 2, scale.mixture)
+    other = DelayConfig.uniform(0, 64, scale.ring_size)
+    assert not saved_run_matches(data, config, 0, scale.study_lags, (0.2,), 2, other)
+    assert not saved_run_matches(data, config, 0, scale.lags, (0.2,), 2, None)
+
+
+@pytest.mark.parametrize("name", ["ci", "quick", "cpu",
+                                  pytest.param("gpu10", marks=pytest.mark.slow),  # builds Brax
+                                  pytest.param("paper", marks=pytest.mark.slow)])  # MuJoCo tasks
+def test_every_variant_of_a_scale_validates_before_compiling(name):
+    """Every (task, variant) config, its fixed-lag grid and its mixture grid pass the range and
+    memory checks (one chunk resident) — what a run would hit first, without compiling."""
+    scale = VACO_SCALES[name]
+    methods = set()
+    for task in scale.tasks:
+        for variant, method, overrides, deltas in study_variants(scale, task):
+            config = variant_config(task, method, overrides, scale.ring_size)
+            checked_variant_grid(config, scale.lags, deltas, scale.num_seeds, 0, scale.chunk_size)
+            if scale.mixture is not None:
+                mixture = mixture_config(scale, config)
+                assert mixture.delay == scale.mixture and mixture.num_actor_groups == scale.mixture_actor_groups
+                checked_variant_grid(mixture, (0,), deltas, scale.num_seeds, 0, scale.chunk_size)
+            methods.add(variant)
+    if name == "cpu":  # the study's grid: lags that bind, the mixture, both δ readings, ≥ 10 seeds
+        assert scale.study_lags == (0, 8, 32, 64, MIXTURE_LAG) and scale.num_seeds >= 10
+        assert {"vaco", "vaco_l1", "ppo_kl_adaptive", "ppo_kl_fixed", "impala", "spo", "ppo_clip"} <= methods
+        assert any("MinAtar" in t.name for t in scale.tasks)
+        assert all(dict(t.overrides)["eval_every"] > 0 for t in scale.tasks)  # scored on the learner
+
+
+def test_bad_scale_names_the_field():
+    with pytest.raises(ValueError, match="Scale.lags"):
+        Scale(tasks=(), lags=(0, -1), num_seeds=1)
+    with pytest.raises(ValueError, match=r"Scale.mixture.ring_size must be max\(Scale.lags\) \+ 1 = 5"):
+        Scale(tasks=(), lags=(0, 4), num_seeds=1, mixture=DelayConfig.geometric(2.0, 9))
+
+
+def test_mixture_column_follows_the_fixed_lags():
+    """run_study_variant: the lag axis is Scale.study_lags; the fixed lags act exactly k versions
+    behind once k versions exist; the mixture column acts with random delays from the geometric
+    distribution (version gaps between 0 and K − 1, not constant)."""
+    task = Task("CartPole-v1", tuple(sorted(dict(num_envs=4, rollout_length=8, total_env_steps=4 * 8 * 8,
+                                                 num_epochs=1, num_minibatches=2, hidden_sizes=(8,)).items())))
+    scale = Scale(tasks=(task,), lags=(0, 3), num_seeds=2, methods=("vaco",), ablations=(),
+                  deltas=(0.2,), mixture=DelayConfig.geometric(1.5, 4), mixture_actor_groups=2)
+    config = variant_config(task, "vaco", {}, scale.ring_size)
+    out = run_study_variant(scale, config, (0.2,), seed=0)
+    gap = out["metrics"]["lag/version_gap_mean"]
+    assert gap.shape == (3, 1, 2, 8)  # [fixed lags + mixture, δ, seeds, iterations]
+    np.testing.assert_array_equal(gap[0], 0.0)
+    np.testing.assert_array_equal(gap[1, 0], np.broadcast_to([0, 1, 2, 3, 3, 3, 3, 3], (2, 8)))
+    mixture = gap[2, 0, :, 4:]  # after warm-up (iterations ≥ K − 1 have every version)
+    assert 0.0 < mixture.mean() < 3.0 and mixture.std() > 0.0, mixture
+    assert out["env_steps"] == 3 * 2 * 4 * 8 * 8
+    assert set(out["metrics"]) >= {"episode_return", "lag/tv", "lag/forward_tv", "lag/ess"}
 
 
 def test_notebook_02_vaco_under_lag(run_notebook, ci_run):
