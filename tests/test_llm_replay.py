@@ -6,8 +6,8 @@ import csv
 import dataclasses
 import math
 import os
+import runpy
 import shutil
-import subprocess
 import sys
 
 import jax
@@ -202,16 +202,23 @@ def test_tau_lives_in_the_hyperparameters(params):
 
 
 # --------------------------------------------------------------------------- ci experiment
-# Last in the file: the subprocess loads the on_policy, per and freshper programs the tests above
-# compiled from the session's compilation cache (the other order, the subprocess compiling
-# first, measured 50 s slower: the in-process tests still trace every program).
+# Last in the file: the experiment reuses the on_policy, per and freshper programs the tests
+# above compiled.
 
 
 @pytest.fixture(scope="module")
 def ci_run(tmp_path_factory):
+    """The script run as ``python experiments/freshper.py --scale ci`` would run it, in this
+    process: the jitted programs the tests above traced are reused as they are (a subprocess
+    would load them from the compilation cache but trace each again, ~20 s a program)."""
     out = str(tmp_path_factory.mktemp("ci"))
-    subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "freshper.py"),
-                    "--scale", "ci", "--out", out], check=True, cwd=ROOT)
+    script = os.path.join(ROOT, "experiments", "freshper.py")
+    argv = sys.argv
+    sys.argv = [script, "--scale", "ci", "--out", out]
+    try:
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        sys.argv = argv
     return out
 
 

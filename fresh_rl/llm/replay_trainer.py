@@ -343,12 +343,16 @@ def iteration(state: ReplayLoopState, key, *, config: RLConfig, async_config: ap
         step = {name: jnp.where(ready, value, 0.0) for name, value in step.items()}
         return (train, replay, kl_per_version), (step, ready)
 
-    (train, replay, kl_per_version), (steps, ready) = jax.lax.scan(
-        replay_step, (train, replay, kl_per_version),
-        jnp.arange(replay_config.replay_updates, dtype=jnp.int32))
-    count = jnp.sum(ready.astype(jnp.float32))
-    for name in REPLAY_METRICS:
-        metrics[f"replay/{name}"] = jnp.sum(steps[name]) / jnp.maximum(count, 1.0)
+    if replay_config.replay_updates:
+        (train, replay, kl_per_version), (steps, ready) = jax.lax.scan(
+            replay_step, (train, replay, kl_per_version),
+            jnp.arange(replay_config.replay_updates, dtype=jnp.int32))
+        count = jnp.sum(ready.astype(jnp.float32))
+        for name in REPLAY_METRICS:
+            metrics[f"replay/{name}"] = jnp.sum(steps[name]) / jnp.maximum(count, 1.0)
+    else:  # on-policy: no replay program is built (an empty scan still compiles its body)
+        count = jnp.float32(0.0)
+        metrics.update({f"replay/{name}": jnp.float32(0.0) for name in REPLAY_METRICS})
     pipeline = ap.finish(pipeline, train, fresh.ewma, async_config=async_config)
     state = state.replace(pipeline=pipeline, replay=replay, iteration=state.iteration + 1,
                           kl_per_version=kl_per_version)
