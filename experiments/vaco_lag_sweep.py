@@ -19,6 +19,7 @@ Outputs (``results/vaco/``): ``runs.csv`` (one row per run: final score, initial
 return, evaluation AUC, lag metrics), ``curves.csv`` (seed-mean return per iteration with 95%
 bootstrap bands), ``curves_<task>.png``, ``aggregates.{csv,png}`` (rliable median / IQM / mean /
 optimality gap with 95% stratified-bootstrap intervals per method and lag),
+``probability_of_improvement.csv`` (P(VACO variant > baseline) per lag, with intervals),
 ``score_vs_tv.{csv,png}`` (seed-mean normalised score against the measured backward TV per
 method, task and lag), ``delta_sweep.{csv,png}`` (per VACO variant), ``ablation.csv``, and
 ``summary.md`` with the verdicts computed from those numbers.
@@ -54,7 +55,7 @@ from fresh_rl.control.presets import (ABLATIONS, KEY_SCHEDULE, SWEPT_BASELINES, 
                                       VACO_VARIANTS, lag_name, run_study_variant, saved_run_matches, study_variants,
                                       variant_config)
 from fresh_rl.eval import (AGGREGATE_METRICS, aggregate_intervals, eval_area_under_curve, eval_final_score, final_score,
-                           initial_score, seed_interval)
+                           improvement_intervals, initial_score, seed_interval)
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance
 
 RESULTS = REPOSITORY_ROOT / "results" / "vaco"
@@ -252,6 +253,22 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
         w = csv.writer(f)
         w.writerow(["lag", "method", "metric", "point", "ci_low", "ci_high"])
         w.writerows(agg_rows)
+
+    # probability of improvement of each VACO variant over each baseline, per lag (rliable)
+    improvement = {}
+    for lag in scale.study_lags:
+        mats = {v: _matrix(scores.get((v, lag, "headline"), {}), tasks) for v in scale.methods}
+        pairs = {(vaco, base): (mats[vaco], mats[base]) for vaco in scale.methods if vaco in VACO_VARIANTS
+                 for base in scale.methods if base not in VACO_VARIANTS
+                 and mats[vaco] is not None and mats[base] is not None}
+        named = improvement_intervals({f"{a} > {b}": xy for (a, b), xy in pairs.items()}, reps=reps)
+        improvement[lag] = {pair: named[f"{pair[0]} > {pair[1]}"] for pair in pairs}
+    with open(out_dir / "probability_of_improvement.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["lag", "vaco_variant", "baseline", "probability", "ci_low", "ci_high"])
+        for lag, table in improvement.items():
+            for (vaco, base), (p, lo, hi) in table.items():
+                w.writerow([lag_name(lag), vaco, base, f"{p:.4f}", f"{lo:.4f}", f"{hi:.4f}"])
     fig, axes = plt.subplots(len(lags), 4, figsize=(13, 1.2 + 0.45 * len(scale.methods) * len(lags)),
                              squeeze=False)
     for li, lag in enumerate(scale.study_lags):
@@ -326,7 +343,7 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
             w.writerow(["lag", "variant", "iqm", "iqm_ci_low", "iqm_ci_high", "mean"])
             w.writerows(ablation_rows)
 
-    summary = summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, header)
+    summary = summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, improvement, header)
     (out_dir / "summary.md").write_text(summary)
     return summary
 
@@ -335,7 +352,7 @@ def _fmt(t):
     return f"{t[0]:.3f} [{t[1]:.3f}, {t[2]:.3f}]"
 
 
-def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, header) -> str:
+def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, improvement, header) -> str:
     lines = ["# VACO lag sweep — summary", "",
              "```", json.dumps(header, indent=1), "```", "",
              "Normalised final score (0 = untrained policy, 1 = best run on the task); point and 95% "
@@ -363,6 +380,14 @@ def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, head
         for variant, mets in agg[lag].items():
             lines.append(f"| {lag_name(lag)} | {variant} | " + " | ".join(_fmt(mets[m]) for m in AGGREGATE_METRICS)
                          + " |")
+
+    lines += ["", "## Probability of improvement (VACO variant over each baseline)", "",
+              "P(X > Y): the chance a run of X beats a run of Y on a task drawn at random (ties count ½), "
+              "with its 95% stratified-bootstrap CI; a CI entirely above 0.5 says X is better.", "",
+              "| lag | pair | P(X > Y) |", "|---|---|---|"]
+    for lag, table in improvement.items():
+        for (vaco, base), interval in table.items():
+            lines.append(f"| {lag_name(lag)} | {vaco} > {base} | {_fmt(interval)} |")
 
     # verdicts
     lines += ["", "## Verdicts (computed)", ""]

@@ -5,7 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rliable import metrics as rl_metrics
 
-from fresh_rl.eval import aggregate_intervals, iqm, normalize_scores, optimality_gap, seed_interval
+from fresh_rl.eval import (aggregate_intervals, improvement_intervals, iqm, normalize_scores,
+                           optimality_gap, probability_of_improvement, seed_interval)
 
 
 def test_point_estimates_match_rliable_metrics():
@@ -84,3 +85,42 @@ def test_normalize_scores():
     np.testing.assert_allclose(out, [[0.5, 0.5]])
     with pytest.raises(ValueError, match="high > low"):
         normalize_scores(np.zeros((1, 1)), np.ones(1), np.ones(1))
+
+
+def _improvement_by_loops(x, y):
+    """P(X > Y) from its definition: per task, every pair of runs scored 1 / ½ / 0."""
+    per_task = []
+    for m in range(x.shape[1]):
+        pairs = [1.0 if a > b else 0.5 if a == b else 0.0 for a in x[:, m] for b in y[:, m]]
+        per_task.append(sum(pairs) / len(pairs))
+    return sum(per_task) / len(per_task)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 6), st.integers(1, 4), st.integers(0, 10_000),
+       st.booleans())
+def test_probability_of_improvement_matches_its_definition_and_rliable(n_x, n_y, tasks, seed, coarse):
+    rng = np.random.default_rng(seed)
+    x, y = rng.normal(size=(n_x, tasks)), rng.normal(0.2, size=(n_y, tasks))
+    if coarse:  # many ties
+        x, y = np.round(x), np.round(y)
+    p = probability_of_improvement(x, y)
+    assert p == pytest.approx(_improvement_by_loops(x, y), abs=1e-12)
+    assert p + probability_of_improvement(y, x) == pytest.approx(1.0, abs=1e-12)
+    if not any(np.array_equal(x[:, m], y[:, m]) for m in range(tasks)):  # rliable's special case
+        assert p == pytest.approx(rl_metrics.probability_of_improvement(x, y), abs=1e-12)
+    assert probability_of_improvement(x, x) == 0.5
+
+
+def test_improvement_intervals_bracket_the_point_and_separate_clear_winners():
+    rng = np.random.default_rng(3)
+    good, bad = rng.normal(1.0, 0.1, size=(10, 3)), rng.normal(0.0, 0.1, size=(10, 3))
+    close = rng.normal(0.0, 0.1, size=(10, 3))
+    out = improvement_intervals({"good vs bad": (good, bad), "bad vs close": (bad, close)}, reps=300)
+    assert out["good vs bad"] == (1.0, 1.0, 1.0)
+    point, low, high = out["bad vs close"]
+    assert point == pytest.approx(probability_of_improvement(bad, close))
+    assert low <= point <= high and low < 0.5 < high
+    assert improvement_intervals({"bad vs close": (bad, close)}, reps=300) == {"bad vs close": out["bad vs close"]}
+    with pytest.raises(ValueError, match=r"same tasks, got shapes \(10, 3\) and \(10, 2\)"):
+        improvement_intervals({"x": (good, bad[:, :2])})

@@ -72,6 +72,13 @@ def test_ci_scale_writes_outputs_and_acts_with_the_swept_lag(ci_run):
           for r in csv.DictReader(open(out / "score_vs_tv.csv"))}
     assert set(tv) == {(v, lag) for v in VARIANTS for lag in ("0", "4")}
     assert all(tv[v, "4"] > tv[v, "0"] for v in VARIANTS), tv
+    # P(vaco > ppo_clip) per lag, a probability inside its own interval
+    improvement = list(csv.DictReader(open(out / "probability_of_improvement.csv")))
+    assert {(r["lag"], r["vaco_variant"], r["baseline"]) for r in improvement} == {
+        (lag, "vaco", "ppo_clip") for lag in ("0", "4")}
+    for r in improvement:
+        assert 0.0 <= float(r["ci_low"]) <= float(r["probability"]) <= float(r["ci_high"]) <= 1.0, r
+    assert "Probability of improvement" in (out / "summary.md").read_text()
 
 
 def test_second_invocation_resumes_from_saved_runs(ci_run):

@@ -2,9 +2,11 @@
 from fresh_rl.eval.aggregates import (
     AGGREGATE_METRICS,
     aggregate_intervals,
+    improvement_intervals,
     iqm,
     normalize_scores,
     optimality_gap,
+    probability_of_improvement,
     seed_interval,
 )
 from fresh_rl.eval.scores import eval_area_under_curve, eval_final_score, final_score, initial_score
@@ -15,9 +17,11 @@ __all__ = [
     "eval_area_under_curve",
     "eval_final_score",
     "final_score",
+    "improvement_intervals",
     "initial_score",
     "iqm",
     "normalize_scores",
     "optimality_gap",
+    "probability_of_improvement",
     "seed_interval",
 ]
