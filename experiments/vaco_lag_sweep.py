@@ -261,8 +261,7 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
         pairs = {(vaco, base): (mats[vaco], mats[base]) for vaco in scale.methods if vaco in VACO_VARIANTS
                  for base in scale.methods if base not in VACO_VARIANTS
                  and mats[vaco] is not None and mats[base] is not None}
-        named = improvement_intervals({f"{a} > {b}": xy for (a, b), xy in pairs.items()}, reps=reps)
-        improvement[lag] = {pair: named[f"{pair[0]} > {pair[1]}"] for pair in pairs}
+        improvement[lag] = improvement_intervals(pairs, reps=reps)
     with open(out_dir / "probability_of_improvement.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["lag", "vaco_variant", "baseline", "probability", "ci_low", "ci_high"])

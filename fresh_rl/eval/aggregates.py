@@ -9,7 +9,7 @@ stratified bootstrap (runs resampled with replacement within each task, tasks ke
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Hashable, Mapping
 
 import numpy as np
 from scipy import stats
@@ -44,6 +44,15 @@ def _aggregates(scores: np.ndarray) -> np.ndarray:
     ])
 
 
+def _score_pair(scores_x, scores_y) -> tuple[np.ndarray, np.ndarray]:
+    """Both matrices as float64, checked to be ``[runs ≥ 1, tasks]`` over the same tasks."""
+    x, y = np.asarray(scores_x, np.float64), np.asarray(scores_y, np.float64)
+    if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1] or min(x.shape[0], y.shape[0]) < 1:
+        raise ValueError(f"probability_of_improvement needs [runs ≥ 1, tasks] matrices with the same "
+                         f"tasks, got shapes {x.shape} and {y.shape}")
+    return x, y
+
+
 def probability_of_improvement(scores_x: np.ndarray, scores_y: np.ndarray) -> float:
     """P(X > Y): the chance that a run of X beats a run of Y on a task drawn uniformly.
 
@@ -52,10 +61,7 @@ def probability_of_improvement(scores_x: np.ndarray, scores_y: np.ndarray) -> fl
     arXiv 2108.13264, "probability of improvement"). ``scores_x`` is ``[N runs, M tasks]``,
     ``scores_y`` ``[K runs, M tasks]``; run counts may differ. P(X > Y) + P(Y > X) = 1.
     """
-    x, y = np.asarray(scores_x, np.float64), np.asarray(scores_y, np.float64)
-    if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[1] or min(x.shape[0], y.shape[0]) < 1:
-        raise ValueError(f"probability_of_improvement needs [runs ≥ 1, tasks] matrices with the same "
-                         f"tasks, got shapes {x.shape} and {y.shape}")
+    x, y = _score_pair(scores_x, scores_y)
     diff = x[:, None, :] - y[None, :, :]  # [N, K, M]
     wins = (diff > 0) + 0.5 * (diff == 0)
     return float(np.mean(np.mean(wins, axis=(0, 1))))
@@ -73,6 +79,24 @@ def normalize_scores(returns: np.ndarray, low: np.ndarray, high: np.ndarray) -> 
 def _check_interval_args(confidence: float, reps: int) -> None:
     require_in_range("confidence", confidence, 0.0, 1.0, low_inclusive=False, high_inclusive=False)
     require_int("reps", reps, 1)
+
+
+def _seeded_interval_estimates(score_dict, func, confidence: float, reps: int, seed: int):
+    """rliable's ``get_interval_estimates`` reproducible from ``seed`` alone.
+
+    rliable 1.2's stratified bootstrap draws its indices from the global NumPy RNG and ignores
+    ``random_state``: the global RNG is seeded for the call and the caller's state restored.
+    """
+    from rliable import library as rly  # imported lazily: pulls in arch and pandas
+
+    caller_state = np.random.get_state()
+    np.random.seed(seed)
+    try:
+        return rly.get_interval_estimates(score_dict, func, reps=reps,
+                                          confidence_interval_size=confidence,
+                                          random_state=np.random.RandomState(seed))
+    finally:
+        np.random.set_state(caller_state)
 
 
 def seed_interval(values, axis: int = 0, confidence: float = 0.95, reps: int = 2000,
@@ -107,23 +131,13 @@ def aggregate_intervals(
       method → metric (``AGGREGATE_METRICS``) → ``(point, low, high)``. The median is the median
       over tasks of the per-task mean (rliable's definition); the optimality gap uses γ = 1.
     """
-    from rliable import library as rly  # imported lazily: pulls in arch and pandas
-
     _check_interval_args(confidence, reps)
     for name, scores in score_dict.items():
         if np.ndim(scores) != 2 or np.shape(scores)[0] < 1:
             raise ValueError(f"score_dict[{name!r}] must be [runs ≥ 1, tasks], got shape {np.shape(scores)}")
-    # rliable 1.2's stratified bootstrap draws its indices from the global NumPy RNG and ignores
-    # ``random_state``: seed the global RNG for the call and restore the caller's state.
-    caller_state = np.random.get_state()
-    np.random.seed(seed)
-    try:
-        points, intervals = rly.get_interval_estimates(
-            {k: np.asarray(v, np.float64) for k, v in score_dict.items()}, _aggregates, reps=reps,
-            confidence_interval_size=confidence, random_state=np.random.RandomState(seed),
-        )
-    finally:
-        np.random.set_state(caller_state)
+    points, intervals = _seeded_interval_estimates(
+        {k: np.asarray(v, np.float64) for k, v in score_dict.items()}, _aggregates, confidence, reps,
+        seed)
     return {
         name: {m: (float(points[name][i]), float(intervals[name][0, i]), float(intervals[name][1, i]))
                for i, m in enumerate(AGGREGATE_METRICS)}
@@ -132,33 +146,26 @@ def aggregate_intervals(
 
 
 def improvement_intervals(
-    pairs: Mapping[str, tuple[np.ndarray, np.ndarray]], confidence: float = 0.95, reps: int = 2000,
-    seed: int = 0,
-) -> dict[str, tuple[float, float, float]]:
-    """:func:`probability_of_improvement` with stratified-bootstrap intervals for named pairs.
+    pairs: Mapping[Hashable, tuple[np.ndarray, np.ndarray]], confidence: float = 0.95,
+    reps: int = 2000, seed: int = 0,
+) -> dict[Hashable, tuple[float, float, float]]:
+    """:func:`probability_of_improvement` with stratified-bootstrap intervals for keyed pairs.
 
     Args:
-      pairs: name (e.g. ``"vaco vs ppo_clip"``) → ``(scores_x, scores_y)``, each ``[runs, tasks]``
-        with the same tasks; X's and Y's runs are resampled independently within each task.
+      pairs: key (e.g. ``("vaco", "ppo_clip")``) → ``(scores_x, scores_y)``, each
+        ``[runs, tasks]`` with the same tasks; X's and Y's runs are resampled independently
+        within each task.
     Returns:
-      name → ``(P(X > Y), low, high)``, each pair bootstrapped from ``seed`` on its own. A lower
-      bound above ½ says X beats Y on a random task more often than not at this confidence.
+      key → ``(P(X > Y), low, high)``, each pair bootstrapped from ``seed`` on its own (a pair's
+      interval does not depend on the others). A lower bound above ½ says X beats Y on a random
+      task more often than not at this confidence.
     """
-    from rliable import library as rly
-
     _check_interval_args(confidence, reps)
+    checked = {key: _score_pair(x, y) for key, (x, y) in pairs.items()}  # names bad shapes first
     out = {}
-    caller_state = np.random.get_state()
-    try:
-        for name, (x, y) in pairs.items():
-            x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-            probability_of_improvement(x, y)  # validates the shapes, naming them
-            np.random.seed(seed)  # per pair: a pair's interval does not depend on the others
-            points, intervals = rly.get_interval_estimates(
-                {name: (x, y)}, probability_of_improvement, reps=reps,
-                confidence_interval_size=confidence, random_state=np.random.RandomState(seed))
-            low, high = np.ravel(intervals[name])
-            out[name] = (float(points[name]), float(low), float(high))
-    finally:
-        np.random.set_state(caller_state)
+    for key, pair in checked.items():
+        points, intervals = _seeded_interval_estimates({"pair": pair}, probability_of_improvement,
+                                                       confidence, reps, seed)
+        low, high = np.ravel(intervals["pair"])
+        out[key] = (float(points["pair"]), float(low), float(high))
     return out
