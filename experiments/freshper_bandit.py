@@ -9,8 +9,8 @@ finish (a rerun skips the saved chunks; ``--fresh`` recomputes):
 1. *drift pilot*: on-policy runs at every learning rate of the shared grid; the exact ESS/n of
    the behaviour policy of age a against the learner, averaged over seeds and snapshots, is
    fitted by ``exp(−a/τ_fit)`` (one τ_fit per learning rate);
-2. *study*: every method of ``fresh_rl.tabular_bandit.METHODS`` × the same learning-rate grid ×
-   seeds (FreshPER's τ = {0.3, 1, 3} × τ_fit of that learning rate). No method is tuned
+2. *study*: every method of ``fresh_rl.replay.methods.REPLAY_METHODS`` × the same
+   learning-rate grid × seeds (FreshPER's τ = {0.3, 1, 3} × τ_fit of that learning rate). No method is tuned
    alone: all share the grid and each is reported at every learning rate and at its best one.
 
 Outputs (``results/freshper_bandit/``): ``runs.csv`` (one row per run), ``final.csv`` (exact final
@@ -38,11 +38,12 @@ from pathlib import Path
 import numpy as np
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
-from fresh_rl.eval import seed_interval
+from fresh_rl.eval import paired_claim, seed_interval
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
+from fresh_rl.replay.methods import REPLAY_METHODS as METHODS
 from fresh_rl.sweep import RunCheckpointer, output_lock, product_grid, run_sharded
-from fresh_rl.tabular_bandit import (METHODS, BedConfig, fit_ess_time_constant, method_hparams,
-                                     stack_hparams, train)
+from fresh_rl.lag import fit_ess_time_constant
+from fresh_rl.tabular_bandit import BedConfig, method_hparams, stack_hparams, train
 
 RESULTS = REPOSITORY_ROOT / "results" / "freshper_bandit"
 
@@ -140,15 +141,6 @@ def study(scale: Scale, drift: dict, out_dir: Path, seed: int, log=print):
 def _interval(values):
     mean, low, high = seed_interval(np.asarray(values))
     return float(mean), float(low), float(high)
-
-
-def _verdict(diff_interval, claim_positive: bool) -> str:
-    _, low, high = diff_interval
-    if low > 0:
-        return "reproduced" if claim_positive else "refuted"
-    if high < 0:
-        return "refuted" if claim_positive else "reproduced"
-    return "not separated"
 
 
 def summarize(scale: Scale, drift, grid, rows, data, out_dir: Path, header: dict) -> str:
@@ -263,8 +255,8 @@ def summarize(scale: Scale, drift, grid, rows, data, out_dir: Path, header: dict
     plt.close(fig)
 
     # Verdicts: paired (same seed) differences of the final exact J, 95% bootstrap intervals.
-    def diff(a, b, li, metric):
-        return _interval(metric[names.index(a), li] - metric[names.index(b), li])
+    def diff(a, b, li, metric, positive):
+        return paired_claim(metric[names.index(a), li], metric[names.index(b), li], positive)
 
     claims = [("standard PER (authors') < on-policy", "per_authors", "onpolicy", False),
               ("standard PER (given priorities) < on-policy", "per_given", "onpolicy", False),
@@ -278,10 +270,10 @@ def summarize(scale: Scale, drift, grid, rows, data, out_dir: Path, header: dict
              "verdict (mean J) |", "|---|---|---|---|---|---|"]
     for text, a, b, positive in claims:
         for li, lr in enumerate(lrs):
-            d, e = diff(a, b, li, final), diff(a, b, li, mean_j)
-            lines.append(f"| {text} | {lr} | {d[0]:+.4f} [{d[1]:+.4f}, {d[2]:+.4f}] | "
-                         f"{_verdict(d, positive)} | {e[0]:+.4f} [{e[1]:+.4f}, {e[2]:+.4f}] | "
-                         f"{_verdict(e, positive)} |")
+            d, e = diff(a, b, li, final, positive), diff(a, b, li, mean_j, positive)
+            lines.append(f"| {text} | {lr} | {d['difference']:+.4f} [{d['low']:+.4f}, "
+                         f"{d['high']:+.4f}] | {d['verdict']} | {e['difference']:+.4f} "
+                         f"[{e['low']:+.4f}, {e['high']:+.4f}] | {e['verdict']} |")
     best_factor = {lr: max(tau_methods[:-1], key=lambda n: table[n, lr]["final"]) for lr in lrs}
     separated = {lr: any(table[best_factor[lr], lr]["final_low"] > table[n, lr]["final_high"]
                          for n in tau_methods[:-1] if n != best_factor[lr]) for lr in lrs}

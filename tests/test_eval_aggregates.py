@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 from rliable import metrics as rl_metrics
 
 from fresh_rl.eval import (aggregate_intervals, improvement_intervals, iqm, normalize_scores,
-                           optimality_gap, probability_of_improvement, seed_interval)
+                           optimality_gap, paired_claim, probability_of_improvement,
+                           seed_interval)
 
 
 def test_point_estimates_match_rliable_metrics():
@@ -124,3 +125,27 @@ def test_improvement_intervals_bracket_the_point_and_separate_clear_winners():
     assert improvement_intervals({"bad vs close": (bad, close)}, reps=300) == {"bad vs close": out["bad vs close"]}
     with pytest.raises(ValueError, match=r"same tasks, got shapes \(10, 3\) and \(10, 2\)"):
         improvement_intervals({"x": (good, bad[:, :2])})
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.floats(-5, 5), min_size=2, max_size=12), st.floats(-3, 3), st.booleans())
+def test_paired_claim_follows_the_interval_of_the_differences(noise, shift, claim_a_better):
+    """The verdict is read off the seed interval of a − b: reproduced when it excludes 0 on the
+    claimed side, refuted on the other, not separated otherwise; swapping a and b with the
+    opposite claim gives the same verdict."""
+    b = np.linspace(0.0, 1.0, len(noise))
+    a = b + shift + 0.1 * np.asarray(noise)
+    out = paired_claim(a, b, claim_a_better)
+    mean, low, high = seed_interval(a - b)
+    assert (out["difference"], out["low"], out["high"]) == pytest.approx((mean, low, high))
+    side = "above" if low > 0 else "below" if high < 0 else "none"
+    expected = {"none": "not separated",
+                "above": "reproduced" if claim_a_better else "refuted",
+                "below": "refuted" if claim_a_better else "reproduced"}[side]
+    assert out["verdict"] == expected
+    assert paired_claim(b, a, not claim_a_better)["verdict"] == expected
+
+
+def test_paired_claim_rejects_unpaired_shapes():
+    with pytest.raises(ValueError, match="paired_claim"):
+        paired_claim(np.zeros(3), np.zeros(4), True)

@@ -12,12 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fresh_rl.lag import fit_ess_time_constant
 from fresh_rl.provenance import REPOSITORY_ROOT
 from fresh_rl.replay import make_trajectory_buffer
 from fresh_rl.tabular_bandit import (BedConfig, apply_update, ess_fraction, expected_reward,
-                                     fit_ess_time_constant, insert, kl_divergence, method_hparams,
-                                     refresh, sample_sequences, sequence_rewards, stack_hparams)
-from fresh_rl.tabular_bandit.bed import _ADAM, _example_item
+                                     insert, kl_divergence, method_hparams,
+                                     optimizer, refresh, sample_sequences, sequence_rewards,
+                                     stack_hparams)
+from fresh_rl.tabular_bandit.bed import _example_item
 
 T, A = 3, 4  # small enough to enumerate in NumPy
 
@@ -150,7 +152,7 @@ def test_zero_gradient_replay_step(replay_optimizer, moves):
     separate optimizer state or SGD; under the shared Adam state momentum still moves θ."""
     hp = _hp("uniform", replay_optimizer=["shared", "separate", "sgd"].index(replay_optimizer))
     params = jnp.zeros((T, A))
-    opt, replay_opt = _ADAM.init(params), _ADAM.init(params)
+    opt = replay_opt = optimizer(hp.learning_rate).init(params)
     grads = jnp.asarray(np.random.default_rng(0).normal(size=(T, A)), jnp.float32)
     params, opt, replay_opt = apply_update(hp, params, opt, replay_opt, grads, 1)
     after, _, _ = apply_update(hp, params, opt, replay_opt, jnp.zeros_like(grads), 2)

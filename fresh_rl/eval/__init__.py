@@ -6,6 +6,7 @@ from fresh_rl.eval.aggregates import (
     iqm,
     normalize_scores,
     optimality_gap,
+    paired_claim,
     probability_of_improvement,
     seed_interval,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "iqm",
     "normalize_scores",
     "optimality_gap",
+    "paired_claim",
     "probability_of_improvement",
     "seed_interval",
 ]

@@ -120,6 +120,28 @@ def seed_interval(values, axis: int = 0, confidence: float = 0.95, reps: int = 2
     return np.mean(x, axis=0), low, high
 
 
+def paired_claim(a, b, claim_a_better: bool, confidence: float = 0.95, reps: int = 2000,
+                 seed: int = 0) -> dict:
+    """Verdict on "a > b" (``claim_a_better``) or "a < b" from per-seed paired scores.
+
+    The :func:`seed_interval` of the differences ``a − b`` (seeds paired: same key) decides:
+    *reproduced* when the interval excludes 0 on the claimed side, *refuted* when it excludes 0
+    on the other, *not separated* otherwise. Returns ``{"difference", "low", "high",
+    "verdict"}``.
+    """
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.ndim != 1 or a.shape != b.shape:
+        raise ValueError(f"paired_claim needs two [seeds] arrays of one shape, got {a.shape} and {b.shape}")
+    mean, low, high = (float(x) for x in seed_interval(a - b, confidence=confidence, reps=reps, seed=seed))
+    if low > 0:
+        verdict = "reproduced" if claim_a_better else "refuted"
+    elif high < 0:
+        verdict = "refuted" if claim_a_better else "reproduced"
+    else:
+        verdict = "not separated"
+    return {"difference": mean, "low": low, "high": high, "verdict": verdict}
+
+
 def aggregate_intervals(
     score_dict: Mapping[str, np.ndarray], confidence: float = 0.95, reps: int = 2000, seed: int = 0,
 ) -> dict[str, dict[str, tuple[float, float, float]]]:

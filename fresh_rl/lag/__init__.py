@@ -1,5 +1,6 @@
 """Policy-lag simulation: a ring of the last K parameter versions, per-actor-group delay
-samplers (fixed, uniform, geometric) and measured per-batch lag metrics."""
+samplers (fixed, uniform, geometric) and measured per-batch lag metrics, and the
+ESS time constant of stale data."""
 
 from fresh_rl.lag import version_ring
 from fresh_rl.lag.delay import (
@@ -9,7 +10,12 @@ from fresh_rl.lag.delay import (
     lag_pmf,
     sample_lags,
 )
-from fresh_rl.lag.metrics import BehaviourTags, lag_metrics, lag_metrics_from_tags
+from fresh_rl.lag.metrics import (
+    BehaviourTags,
+    fit_ess_time_constant,
+    lag_metrics,
+    lag_metrics_from_tags,
+)
 from fresh_rl.lag.version_ring import VersionRing
 
 __all__ = [
@@ -18,6 +24,7 @@ __all__ = [
     "DelayConfig",
     "VersionRing",
     "actor_group_ids",
+    "fit_ess_time_constant",
     "lag_metrics",
     "lag_metrics_from_tags",
     "lag_pmf",

@@ -11,15 +11,18 @@ optimisation on a batch the learner evaluates ``log π_T(a|s)`` on the same acti
     kl_k1/k2/k3  = Schulman's estimates of KL(β ‖ π_T)
 
 The formulas are those of ``fresh_rl.corrections.diagnostics`` (used here, not re-derived).
+:func:`fit_ess_time_constant` fits the decay of ESS/n with the age of stored data.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Union
 
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from fresh_rl.corrections.diagnostics import (
@@ -90,3 +93,15 @@ def lag_metrics_from_tags(
 ) -> dict[str, jax.Array]:
     """``lag_metrics`` with the behaviour log-probs and versions taken from ``tags``."""
     return lag_metrics(tags.log_prob, learner_log_probs, tags.version, learner_version, mask)
+
+
+def fit_ess_time_constant(ages: np.ndarray, ess: np.ndarray, min_ess: float = 0.05) -> float:
+    """Host-side τ_fit of stale data, ESS/n(age) ≈ exp(−age/τ) (the drift time scale FreshPER's
+    τ is set against, arXiv 2604.16918 §3): least squares of log ESS/n on age through the origin,
+    ``τ = −Σ a² / Σ a log e``, over ages ≥ 1 with ESS/n ≥ ``min_ess`` (our choice: below that
+    the ESS carries no usable data and its log is dominated by the tail). ``inf`` when
+    nothing decays."""
+    ages, ess = np.asarray(ages, np.float64), np.asarray(ess, np.float64)
+    keep = (ages >= 1) & np.isfinite(ess) & (ess >= min_ess)
+    slope = np.sum(ages[keep] * np.log(ess[keep]))
+    return math.inf if slope >= 0 else float(-np.sum(ages[keep] ** 2) / slope)

@@ -28,6 +28,8 @@ the batch into the buffer, then K further updates. What the K updates are is the
 set of traced hyperparameters (:class:`BedHParams`), so every method, learning rate and τ of a
 study is a row of one vmapped, once-compiled program:
 
+The methods (:mod:`fresh_rl.replay.methods`, shared with the control study):
+
 * ``extra="none"`` (on-policy, 1 update per batch), ``"epochs"`` (K more epochs on the fresh
   batch: exactly K + 1 updates per batch, ratio against β), ``"replay"`` (K updates, each on a
   batch sampled from the buffer, PPO-clip ratio against the *stored* behaviour log-probs,
@@ -52,18 +54,18 @@ from typing import Literal
 import chex
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from flax import struct
 
 from fresh_rl.corrections import PPOClipConfig, ppo_clip_loss
 from fresh_rl.replay import (ReplayConfig, ReplayState, advantage_priority, magnitude_priority,
                              make_trajectory_buffer)
+from fresh_rl.replay import methods as replay_methods
+from fresh_rl.replay.methods import (UPDATE_FRESH, UPDATE_REPLAY, ReplayHParams, replay_hparams,
+                                     stack_replay_hparams, update_kind)
 from fresh_rl.sweep.keys import split_run_key, step_key
 from fresh_rl.validation import require_choice, require_in_range, require_int
 
-EXTRAS = ("none", "epochs", "replay")
-REPLAY_OPTIMIZERS = ("shared", "separate", "sgd")
 PRIORITY_SOURCES = ("return", "advantage")
 
 
@@ -139,77 +141,28 @@ class BedHParams:
 
     Attributes:
       learning_rate: Adam (and SGD) step size: the drift knob.
-      extra: index into ``EXTRAS`` of what the K extra updates are.
-      age_decay_tau: FreshPER τ in iterations (``inf``: no decay, i.e. PER / uniform).
-      importance_exponent: β of the PER weights (0: no IS correction).
-      uniform_priority: every base priority is 1 (uniform replay through the same tree).
-      insert_at_max: new items get the running max priority (the authors' PER rule).
-      refresh: sampled items get their priority rewritten after a replay update.
-      replay_optimizer: index into ``REPLAY_OPTIMIZERS``.
+      replay: the method's :class:`fresh_rl.replay.methods.ReplayHParams`.
     """
 
     learning_rate: jax.Array
-    extra: jax.Array
-    age_decay_tau: jax.Array
-    importance_exponent: jax.Array
-    uniform_priority: jax.Array
-    insert_at_max: jax.Array
-    refresh: jax.Array
-    replay_optimizer: jax.Array
-
-
-@dataclasses.dataclass(frozen=True)
-class Method:
-    """One entry of the method registry (``METHODS``); ``tau_factor`` multiplies τ_fit."""
-
-    name: str
-    extra: str
-    priority: Literal["uniform", "given", "authors"] = "given"
-    tau_factor: float = math.inf
-    importance: bool = True
-    description: str = ""
-
-
-METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("onpolicy", "none", description="1 update per fresh batch"),
-    Method("onpolicy_epochs", "epochs", description="1 + K epochs on each fresh batch"),
-    Method("uniform", "replay", "uniform", description="1 fresh + K uniform replay updates"),
-    Method("per_authors", "replay", "authors",
-           description="PER as the authors run it: new at max priority, sampled refreshed"),
-    Method("per_given", "replay", "given", description="PER with the given priorities"),
-    Method("freshper_0.3", "replay", "given", 0.3, description="FreshPER, τ = 0.3 τ_fit"),
-    Method("freshper_1", "replay", "given", 1.0, description="FreshPER, τ = τ_fit"),
-    Method("freshper_3", "replay", "given", 3.0, description="FreshPER, τ = 3 τ_fit"),
-    Method("freshper_1_no_is", "replay", "given", 1.0, importance=False,
-           description="FreshPER, τ = τ_fit, without IS weights"),
-)}
+    replay: ReplayHParams
 
 
 def method_hparams(method: str, learning_rate: float, tau_fit: float = math.inf,
                    replay_optimizer: str = "shared",
                    importance_exponent: float = 0.4) -> dict:
-    """Scalar hyperparameters of one registry method (``BedHParams`` field → value)."""
-    require_choice("method", method, tuple(METHODS))
-    require_choice("replay_optimizer", replay_optimizer, REPLAY_OPTIMIZERS)
+    """Scalar hyperparameters of one registry method: ``learning_rate`` and the
+    :func:`fresh_rl.replay.methods.replay_hparams` fields."""
     require_in_range("learning_rate", learning_rate, 0.0, math.inf, low_inclusive=False)
-    require_in_range("tau_fit", tau_fit, 0.0, math.inf, low_inclusive=False)
-    m = METHODS[method]
-    return {"learning_rate": float(learning_rate), "extra": EXTRAS.index(m.extra),
-            "age_decay_tau": float(m.tau_factor * tau_fit),
-            "importance_exponent": float(importance_exponent if m.importance else 0.0),
-            "uniform_priority": m.priority == "uniform", "insert_at_max": m.priority == "authors",
-            "refresh": m.priority == "authors",
-            "replay_optimizer": REPLAY_OPTIMIZERS.index(replay_optimizer)}
+    return {"learning_rate": float(learning_rate),
+            **replay_hparams(method, tau_fit, replay_optimizer, importance_exponent)}
 
 
 def stack_hparams(rows) -> BedHParams:
     """``BedHParams`` with a leading axis from a sequence of :func:`method_hparams` dicts."""
     rows = list(rows)
-    dtypes = {"extra": jnp.int32, "replay_optimizer": jnp.int32, "uniform_priority": bool,
-              "insert_at_max": bool, "refresh": bool}
-    return BedHParams(**{f.name: jnp.asarray([r[f.name] for r in rows],
-                                             dtypes.get(f.name, jnp.float32))
-                         for f in dataclasses.fields(BedHParams)})
+    return BedHParams(learning_rate=jnp.asarray([r["learning_rate"] for r in rows], jnp.float32),
+                      replay=stack_replay_hparams(rows))
 
 
 # ------------------------------------------------------------------------------ exact quantities
@@ -259,17 +212,6 @@ def ess_fraction(behaviour_logits: jax.Array, logits: jax.Array) -> jax.Array:
     return jnp.exp(-log_second_moment)
 
 
-def fit_ess_time_constant(ages: np.ndarray, ess: np.ndarray, min_ess: float = 0.05) -> float:
-    """τ_fit of ESS/n ≈ exp(−age/τ): least squares of log ESS/n on age through the origin,
-    ``τ = −Σ a² / Σ a log e``, over ages ≥ 1 with ESS/n ≥ ``min_ess`` (our choice: below that
-    the ESS carries no usable data and its log is dominated by the tail). ``inf`` when
-    nothing decays."""
-    ages, ess = np.asarray(ages, np.float64), np.asarray(ess, np.float64)
-    keep = (ages >= 1) & np.isfinite(ess) & (ess >= min_ess)
-    slope = np.sum(ages[keep] * np.log(ess[keep]))
-    return math.inf if slope >= 0 else float(-np.sum(ages[keep] ** 2) / slope)
-
-
 # ------------------------------------------------------------------------------ training
 
 
@@ -298,7 +240,9 @@ class BedState:
     num_updates: jax.Array
 
 
-_ADAM = optax.scale_by_adam()
+def optimizer(learning_rate) -> optax.GradientTransformation:
+    """Adam with step size ``learning_rate`` (traced; the state does not depend on it)."""
+    return optax.chain(optax.scale_by_adam(), optax.scale_by_learning_rate(learning_rate))
 
 
 def _example_item(config: BedConfig) -> dict:
@@ -308,14 +252,15 @@ def _example_item(config: BedConfig) -> dict:
 
 
 def init_state(config: BedConfig, hp: BedHParams) -> BedState:
-    """Uniform policy (θ = 0), empty buffer with τ = ``hp.age_decay_tau``."""
+    """Uniform policy (θ = 0), empty buffer with τ = ``hp.replay.age_decay_tau``."""
     buffer = make_trajectory_buffer(config.replay_config)
     replay = buffer.init(_example_item(config))
     if config.buffer_sampling == "freshper":
-        replay = buffer.set_age_decay_tau(replay, hp.age_decay_tau)
+        replay = buffer.set_age_decay_tau(replay, hp.replay.age_decay_tau)
     params = jnp.zeros((config.num_steps, config.num_actions), jnp.float32)
     return BedState(
-        params=params, opt_state=_ADAM.init(params), replay_opt_state=_ADAM.init(params),
+        params=params, opt_state=optimizer(hp.learning_rate).init(params),
+        replay_opt_state=optimizer(hp.learning_rate).init(params),
         buffer=replay,
         history=jnp.zeros((config.buffer_iterations, *params.shape), jnp.float32),
         iteration=jnp.zeros((), jnp.int32),
@@ -347,43 +292,25 @@ def _cosine(a, b):
 
 def insert(config: BedConfig, hp: BedHParams, replay: ReplayState, items: dict,
            version) -> ReplayState:
-    """Adds a fresh batch: base priority from ``config.priority``, 1 for uniform replay, or the
-    running max priority (the authors' PER rule) with ``hp.insert_at_max``."""
-    buffer = make_trajectory_buffer(config.replay_config)
-    priorities = jnp.where(hp.uniform_priority, 1.0, _base_priority(config, items))
-    priorities = jnp.where(hp.insert_at_max, replay.max_priority, priorities)
-    return buffer.add(replay, items, version, priorities)
+    """Adds a fresh batch with its ``config.priority`` base priority under the method's rule
+    (:func:`fresh_rl.replay.methods.insert`)."""
+    return replay_methods.insert(make_trajectory_buffer(config.replay_config), hp.replay, replay,
+                                 items, version, _base_priority(config, items))
 
 
 def refresh(config: BedConfig, hp: BedHParams, replay: ReplayState, indices,
             items: dict) -> ReplayState:
-    """With ``hp.refresh`` rewrites the priorities of the sampled ``indices`` only (their
-    ``config.priority`` source); otherwise returns ``replay`` unchanged."""
-    buffer = make_trajectory_buffer(config.replay_config)
-    refreshed = buffer.set_priorities(replay, indices, _base_priority(config, items))
-    return jax.tree.map(lambda r, o: jnp.where(hp.refresh, r, o), refreshed, replay)
+    """Rewrites the sampled items' priorities when the method refreshes
+    (:func:`fresh_rl.replay.methods.refresh`)."""
+    return replay_methods.refresh(make_trajectory_buffer(config.replay_config), hp.replay, replay,
+                                  indices, _base_priority(config, items))
 
 
 def apply_update(hp: BedHParams, params, opt_state, replay_opt_state, grads, kind):
-    """One optimizer update of kind 0 (none), 1 (fresh data: the shared Adam state) or 2
-    (replayed data: the shared Adam state, a separate one, or plain SGD, by
-    ``hp.replay_optimizer``). Returns ``(params, opt_state, replay_opt_state)``."""
-    def adam(state):
-        updates, state = _ADAM.update(grads, state, params)
-        return params - hp.learning_rate * updates, state
-
-    which = jnp.where(kind == 2, hp.replay_optimizer, 0)
-    use_separate = which == REPLAY_OPTIMIZERS.index("separate")
-    adam_params, adam_state = adam(jax.tree.map(
-        lambda r, o: jnp.where(use_separate, r, o), replay_opt_state, opt_state))
-    sgd = which == REPLAY_OPTIMIZERS.index("sgd")
-    new_params = jnp.where(kind == 0, params,
-                           jnp.where(sgd, params - hp.learning_rate * grads, adam_params))
-    keep_shared = (kind == 0) | sgd | use_separate
-    opt_state = jax.tree.map(lambda o, a: jnp.where(keep_shared, o, a), opt_state, adam_state)
-    replay_opt_state = jax.tree.map(lambda o, a: jnp.where((kind == 2) & use_separate, a, o),
-                                    replay_opt_state, adam_state)
-    return new_params, opt_state, replay_opt_state
+    """One Adam (or SGD) update at ``hp.learning_rate`` (:func:`fresh_rl.replay.methods.apply_update`)."""
+    return replay_methods.apply_update(hp.replay, optimizer(hp.learning_rate),
+                                       optax.sgd(hp.learning_rate), params, opt_state,
+                                       replay_opt_state, grads, kind)
 
 
 def make_iteration(config: BedConfig):
@@ -405,15 +332,15 @@ def make_iteration(config: BedConfig):
                  "baseline": rewards.mean() * ones, "scale": rewards.std() * ones}
         grads = grad_fn(state.params, tokens, behaviour_log_probs, advantages)
         params, opt_state, replay_opt_state = apply_update(
-            hp, state.params, state.opt_state, state.replay_opt_state, grads, 1)
+            hp, state.params, state.opt_state, state.replay_opt_state, grads, UPDATE_FRESH)
         replay = insert(config, hp, state.buffer, items, t)
-        is_replay = hp.extra == EXTRAS.index("replay")
-        kind = jnp.where(hp.extra == EXTRAS.index("none"), 0, jnp.where(is_replay, 2, 1))
+        kind = update_kind(hp.replay)
+        is_replay = kind == UPDATE_REPLAY
 
         def extra_update(j, carry):
             params, opt_state, replay_opt_state, replay, age_counts, cos_sum = carry
             sample = buffer.sample(replay, jax.random.fold_in(k_replay, j),
-                                   importance_exponent=hp.importance_exponent)
+                                   importance_exponent=hp.replay.importance_exponent)
             exp = sample.experience
             pick = lambda replayed, fresh: jnp.where(is_replay, replayed, fresh)  # noqa: E731
             grads = grad_fn(params, pick(exp["tokens"], tokens),
@@ -487,12 +414,11 @@ def train(config: BedConfig, key: jax.Array, hp: BedHParams) -> dict:
     out = {k: v.reshape(-1) for k, v in metrics.items()}
     out.update(ess_by_age=drift["ess"], kl_by_age=drift["kl"],
                sampled_age_counts=state.sampled_age_counts, num_updates=state.num_updates,
-               adam_count=state.opt_state.count)
+               adam_count=state.opt_state[0].count)
     return out
 
 
-__all__ = ["BedConfig", "BedHParams", "BedState", "EXTRAS", "METHODS", "Method",
-           "REPLAY_OPTIMIZERS", "apply_update", "drift_by_age", "ess_fraction", "expected_reward",
-           "fit_ess_time_constant", "init_state", "insert", "kl_divergence", "make_iteration",
-           "method_hparams", "refresh", "sample_sequences", "sequence_rewards", "stack_hparams",
-           "token_log_probs", "train"]
+__all__ = ["BedConfig", "BedHParams", "BedState", "apply_update", "drift_by_age", "ess_fraction",
+           "expected_reward", "init_state", "insert", "kl_divergence",
+           "make_iteration", "method_hparams", "optimizer", "refresh", "sample_sequences",
+           "sequence_rewards", "stack_hparams", "token_log_probs", "train"]

@@ -1,0 +1,201 @@
+"""The control replay trainer (fresh_rl.control.replay_train), the shared replay methods and the
+FreshPER control experiment."""
+import csv
+import importlib.util
+import math
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fresh_rl.control import replay_train
+from fresh_rl.control.train import TrainConfig
+from fresh_rl.provenance import REPOSITORY_ROOT
+from fresh_rl.replay import methods as replay_methods
+from fresh_rl.replay.methods import REPLAY_METHODS, replay_hparams, stack_replay_hparams
+from fresh_rl.sweep.keys import seed_keys
+
+TINY = TrainConfig(env_name="CartPole-v1", num_envs=2, rollout_length=8, total_env_steps=2 * 8 * 6,
+                   num_epochs=1, num_minibatches=1, learning_rate=3e-3)
+
+
+def _config(**fields):
+    return replay_train.ReplayTrainConfig(**{"train": TINY, "extra_updates": 2, "buffer_iterations": 4,
+                                            "log_every": 3, **fields})
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"train": TrainConfig(num_epochs=1, num_minibatches=1, method="vaco")}, "train.method"),
+    ({"train": TrainConfig(num_epochs=1, num_minibatches=2)}, "train.num_minibatches"),
+    ({"train": TrainConfig(num_epochs=2, num_minibatches=1)}, "train.num_epochs"),
+    ({"log_every": 4}, "log_every"),
+    ({"extra_updates": -1}, "extra_updates"),
+    ({"priority": "td"}, "priority"),
+    ({"priority_exponent": 2.0}, "priority_exponent"),
+])
+def test_bad_config_names_the_field(fields, message):
+    with pytest.raises(ValueError, match=message):
+        _config(**fields)
+
+
+def test_replay_targets_equal_gae_at_zero_staleness():
+    """V-trace on rows collected by the current θ (ρ ≡ 1) gives the GAE(λ) advantages and
+    λ-returns of the fresh update: the replay path adds no correction where none is due."""
+    config = _config()
+    params = TINY.network().init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))
+    rng = np.random.default_rng(0)
+    obs = jnp.asarray(rng.normal(size=(2, 8, 4)), jnp.float32)
+    policy, _ = TINY.network().apply(params, obs)
+    from fresh_rl.control import networks
+    action = networks.sample(jax.random.PRNGKey(1), policy)
+    items = {"obs": obs, "next_obs": jnp.asarray(rng.normal(size=(2, 8, 4)), jnp.float32),
+             "action": action, "reward": jnp.ones((2, 8)),
+             "terminated": jnp.asarray(rng.random((2, 8)) < 0.2),
+             "truncated": jnp.asarray(rng.random((2, 8)) < 0.1),
+             "behaviour_log_prob": networks.log_prob(policy, action)}
+    fresh = replay_train._fresh_targets(config, params, items, 0.99)
+    replayed = replay_train._replay_targets(config, params, items, 0.99)
+    for k in ("advantage", "target"):
+        np.testing.assert_allclose(replayed[k], fresh[k], rtol=1e-5, atol=1e-5)
+
+
+def test_drift_by_age_matches_numpy():
+    """Per-age ESS/n and k3 KL of the stored rows against a plain NumPy loop over slots."""
+    config = _config()
+    hp = replay_train.hparams(config, [replay_hparams("uniform")])
+    hp1 = jax.tree.map(lambda x: x[0], hp)
+    state = replay_train.init_state(config, jax.random.PRNGKey(0), hp1)
+    iteration = jax.jit(replay_train.make_iteration(config))
+    for i in range(6):  # 6 iterations into a 4-iteration buffer: it fills and evicts
+        state, _ = iteration(state, hp1, jax.random.PRNGKey(i + 1))
+    drift = replay_train.drift_by_age(config, state.train.params, state.buffer)
+    buf = state.buffer
+    policy, _ = TINY.network().apply(state.train.params, buf.experience["obs"])
+    from fresh_rl.control import networks
+    log_r = np.asarray(networks.log_prob(policy, buf.experience["action"])
+                       - buf.experience["behaviour_log_prob"], np.float64)
+    age = np.asarray(buf.latest_version - buf.insert_version)
+    for a in range(config.buffer_iterations):
+        sel = np.asarray(buf.valid) & (age == a)
+        if not sel.any():
+            assert drift["ess"][a] == -1.0
+            continue
+        r = np.exp(log_r[sel]).ravel()
+        np.testing.assert_allclose(drift["ess"][a], r.sum() ** 2 / (r.size * (r * r).sum()), rtol=1e-4)
+        np.testing.assert_allclose(drift["kl"][a], np.mean(r - 1 - np.log(r)), rtol=1e-3, atol=1e-7)
+    assert (np.asarray(drift["ess"]) > 0).sum() == 4  # ages 0..3 all stored
+
+
+def test_freshper_with_infinite_tau_equals_per_exactly():
+    """The whole replay run on a "freshper" buffer with τ = ∞ equals the run on a "per" buffer
+    (no age term at all), bit for bit."""
+    rows = [replay_hparams("per_authors"), replay_hparams("per_given")]
+    keys = seed_keys([3, 4])
+    outs = []
+    for sampling in ("freshper", "per"):
+        config = _config(buffer_sampling=sampling)
+        fn = jax.jit(jax.vmap(replay_train.train, (None, 0, 0)), static_argnums=0)
+        outs.append(fn(config, keys, replay_train.hparams(config, rows)))
+    for k in outs[0]:
+        np.testing.assert_array_equal(np.asarray(outs[0][k]), np.asarray(outs[1][k]), err_msg=k)
+
+
+@pytest.mark.parametrize("replay_optimizer, moves", [("shared", True), ("separate", False),
+                                                     ("sgd", False)])
+def test_zero_gradient_replay_step_with_the_control_optimizer(replay_optimizer, moves):
+    """With the control trainer's optimizer (global-norm clip + Adam), a zero-gradient replay
+    step after a fresh step leaves θ unchanged under a separate Adam state or SGD; the shared
+    state's momentum still moves it. A non-zero SGD step moves θ by exactly −lr·clip(g)."""
+    hp = jax.tree.map(lambda x: x[0], stack_replay_hparams(
+        [replay_hparams("uniform", replay_optimizer=replay_optimizer)]))
+    lr = 1e-2
+    optimizer = TINY.optimizer(lr)
+    sgd = optax.chain(optax.clip_by_global_norm(TINY.max_grad_norm), optax.sgd(lr))
+    params = TINY.network().init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))
+    opt = replay_opt = optimizer.init(params)
+    grads = jax.tree.map(lambda p: jnp.ones_like(p) * 0.01, params)
+    params, opt, replay_opt = replay_methods.apply_update(hp, optimizer, sgd, params, opt, replay_opt,
+                                                          grads, replay_methods.UPDATE_FRESH)
+    zeros = jax.tree.map(jnp.zeros_like, grads)
+    after, _, _ = replay_methods.apply_update(hp, optimizer, sgd, params, opt, replay_opt, zeros,
+                                              replay_methods.UPDATE_REPLAY)
+    changed = any(not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(params)))
+    assert changed == moves
+    if replay_optimizer == "sgd":
+        stepped, _, _ = replay_methods.apply_update(hp, optimizer, sgd, params, opt, replay_opt, grads,
+                                                    replay_methods.UPDATE_REPLAY)
+        norm = float(optax.tree.norm(grads))
+        scale = min(1.0, TINY.max_grad_norm / norm)
+        for s, p, g in zip(jax.tree.leaves(stepped), jax.tree.leaves(params), jax.tree.leaves(grads)):
+            np.testing.assert_allclose(s, p - lr * scale * g, rtol=1e-5, atol=1e-8)
+
+
+# ------------------------------------------------------------------------- the experiment
+
+
+def _experiment():
+    path = REPOSITORY_ROOT / "experiments" / "freshper_control.py"
+    spec = importlib.util.spec_from_file_location("freshper_control", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def ci_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("freshper_control")
+    module = _experiment()
+    module.run("ci", out, log=lambda *_: None)
+    return module, out
+
+
+def _rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_ci_scale_writes_its_files(ci_run):
+    module, out = ci_run
+    for name in ("README.md", "config.json", "runs.csv", "final.csv", "ess_vs_age.csv",
+                 "sampled_age.csv", "score_vs_tau.csv", "verdicts.csv", "is_normalization.csv", "drift_by_method.csv",
+                 "score_vs_tau.png"):
+        assert (out / name).stat().st_size > 0, name
+    runs = _rows(out / "runs.csv")
+    scale = module.SCALES["ci"]
+    assert len(runs) == len(module.variants()) * len(scale.learning_rates) * scale.num_seeds
+    verdicts = _rows(out / "verdicts.csv")
+    assert {r["verdict"] for r in verdicts} <= {"reproduced", "refuted", "not separated"}
+    assert all(math.isfinite(float(r["final_return"])) for r in runs)
+    norm = _rows(out / "is_normalization.csv")
+    assert len(norm) == len(module.BATCH_NORMALIZED) * len(scale.learning_rates)
+    ess = [float(r["ess_fraction"]) for r in _rows(out / "ess_vs_age.csv")]
+    assert all(0 < e <= 1 + 1e-6 for e in ess)
+
+
+def test_matched_updates_and_optimizer_state_counts(ci_run):
+    """1 + K epochs and every replay method make exactly K + 1 optimizer updates per batch,
+    on-policy makes 1; the shared Adam state counts them all, except under a separate replay
+    state or SGD, where it counts the fresh updates only."""
+    module, out = ci_run
+    config = module.SCALES["ci"].configs[0]
+    iterations, k = config.num_iterations, config.extra_updates
+    for r in _rows(out / "runs.csv"):
+        method, _, optimizer = r["variant"].partition("@")
+        updates = iterations * (1 if method == "onpolicy" else 1 + k)
+        assert int(r["num_updates"]) == updates, r
+        shared_counts = iterations if optimizer or method == "onpolicy" else updates
+        assert int(r["adam_count"]) == shared_counts, r
+    replayed = {r["variant"] for r in _rows(out / "sampled_age.csv")}
+    assert replayed == {module.variant_name(m, o) for m, o in module.variants()
+                        if REPLAY_METHODS[m].extra == "replay"}
+
+
+def test_ci_scale_rerun_skips_saved_chunks(ci_run):
+    module, out = ci_run
+    before = (out / "runs.csv").read_text()
+    module.run("ci", out, log=lambda *_: None)
+    assert (out / "runs.csv").read_text() == before
