@@ -18,10 +18,14 @@ Per task, two stages, each one vmapped program over a ``fresh_rl.sweep.product_g
 2. *study*: every variant × the same learning-rate grid × seeds; each method is reported at
    every learning rate (no method is tuned alone);
 3. *IS normalisation*: the PER and FreshPER variants again with importance weights normalised
-   per sampled batch instead of by the buffer-wide maximum (the same seeds, so paired).
+   per sampled batch instead of by the buffer-wide maximum (the same seeds, so paired);
+4. *short τ*: FreshPER at τ = 3, 10 and 30 iterations. With two actions the per-step ESS/n
+   flattens near ½ instead of decaying, so τ_fit (fitted to it) lies near the buffer length
+   while the per-step KL of the stored data already passes 1 nat at a few tens of
+   iterations; these τ follow the KL instead (our addition, same seeds).
 
 Outputs (``results/freshper_control/``): ``runs.csv``, ``final.csv``, ``ess_vs_age.csv``,
-``drift_by_method.csv`` (ESS/n and KL by age of every variant's stored data),
+``short_tau.csv``, ``drift_by_method.csv`` (ESS/n and KL by age of every variant's stored data),
 ``sampled_age.csv``, ``score_vs_tau.csv``, ``verdicts.csv``, ``is_normalization.csv``,
 ``score_vs_tau.png`` (per task: ESS/n against age with the fit, final score against τ/τ_fit) and
 ``README.md`` with the verdicts computed from these numbers.
@@ -56,6 +60,7 @@ from fresh_rl.sweep import RunCheckpointer, output_lock, product_grid, run_shard
 RESULTS = REPOSITORY_ROOT / "results" / "freshper_control"
 OPTIMIZER_CONTROLS = ("uniform", "per_given", "freshper_1")  # also run with separate Adam / SGD
 BATCH_NORMALIZED = ("per_authors", "per_given", "freshper_1")  # also run with per-batch IS weights
+SHORT_TAUS = (3.0, 10.0, 30.0)  # FreshPER τ in iterations, set by the KL of stored data (stage 4)
 
 
 def variants() -> list[tuple[str, str]]:
@@ -157,6 +162,20 @@ def study(config, scale: Scale, drift: dict, out_dir: Path, seed: int, log=print
     return grid, rows, {k: v.reshape(*shape, *v.shape[1:]) for k, v in out.items()}, seconds
 
 
+def short_tau_stage(config, scale: Scale, out_dir: Path, seed: int, log=print):
+    """FreshPER (shared Adam, IS) at the absolute τ of ``SHORT_TAUS`` × lrs × seeds."""
+    lrs, env = scale.learning_rates, config.train.env_name
+    grid = product_grid(scale.num_seeds, seed, tau=SHORT_TAUS, learning_rate=lrs)
+    rows = [replay_hparams("freshper_1", r["tau"]) for r in grid.rows]
+    hp = replay_train.hparams(config, rows, [r["learning_rate"] for r in grid.rows])
+    log(f"{env} short_tau: {grid.size} runs (tau {SHORT_TAUS} x {len(lrs)} lrs x {scale.num_seeds} seeds)")
+    out, seconds = _run_grid(config, grid, hp, out_dir / "runs" / f"{env}-short_tau",
+                             f"short_tau {config!r} seeds={scale.num_seeds}@{seed} lrs={lrs} "
+                             f"taus={SHORT_TAUS}", scale.num_seeds * len(lrs))
+    shape = (len(SHORT_TAUS), len(lrs), scale.num_seeds)
+    return {k: v.reshape(*shape, *v.shape[1:]) for k, v in out.items()}, seconds
+
+
 def _scores(data: dict) -> tuple[np.ndarray, np.ndarray]:
     """Final learner score (the last evaluation's deterministic return) and the mean over
     every evaluation of the run (learning speed), ``[variants, lrs, seeds]``."""
@@ -178,8 +197,8 @@ CLAIMS = (("standard PER (authors') < on-policy", "per_authors", "onpolicy", Fal
           ("FreshPER > PER with SGD replay steps", "freshper_1@sgd", "per_given@sgd", True))
 
 
-def summarize(scale: Scale, results: dict, batch_normalized: dict, out_dir: Path,
-              header: dict) -> str:
+def summarize(scale: Scale, results: dict, batch_normalized: dict, short_tau: dict,
+              out_dir: Path, header: dict) -> str:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -249,32 +268,62 @@ def summarize(scale: Scale, results: dict, batch_normalized: dict, out_dir: Path
     plt.close(fig)
     norm_rows = []
     for env, (grid, rows, data, seconds) in batch_normalized.items():
-        buffer_final, _ = _scores(results[env][4])
-        batch_final, _ = _scores(data)
+        buffer_scores, batch_scores = _scores(results[env][4]), _scores(data)
         for v, method in enumerate(BATCH_NORMALIZED):
             for li, lr in enumerate(lrs):
-                b = seed_interval(batch_final[v, li])
-                norm_rows.append({"task": env, "variant": method, "learning_rate": lr,
-                                  "final_batch_is": float(b[0]), "final_batch_is_low": float(b[1]),
-                                  "final_batch_is_high": float(b[2]), "stage_seconds": seconds,
-                                  **paired_claim(batch_final[v, li],
-                                                 buffer_final[names.index(method), li], True)})
+                row = {"task": env, "variant": method, "learning_rate": lr, "stage_seconds": seconds}
+                for score, buffer_wide, per_batch in zip(("final", "mean"), buffer_scores, batch_scores):
+                    b = seed_interval(per_batch[v, li])
+                    row.update({f"{score}_batch_is": float(b[0]), f"{score}_batch_is_low": float(b[1]),
+                                f"{score}_batch_is_high": float(b[2])})
+                    row.update({f"{score}_{k}": x for k, x in paired_claim(
+                        per_batch[v, li], buffer_wide[names.index(method), li], True).items()})
+                norm_rows.append(row)
+    short_rows = []
+    for env, (data, seconds) in short_tau.items():
+        config, drift, _, _, base_data, _ = results[env]
+        base_final, base_mean = _scores(base_data)
+        final, mean = _scores(data)
+        ages = np.arange(config.buffer_iterations)
+        for ti, tau in enumerate(SHORT_TAUS):
+            for li, lr in enumerate(lrs):
+                counts = data["sampled_age_counts"][ti, li].sum(0)
+                f, m = seed_interval(final[ti, li]), seed_interval(mean[ti, li])
+                per = names.index("per_given")
+                short_rows.append({
+                    "task": env, "tau": tau, "learning_rate": lr,
+                    "pilot_kl_at_age_tau": float(drift[lr]["kl"][min(int(tau), len(ages) - 1)]),
+                    "mean_sampled_age": float((counts * ages).sum() / max(counts.sum(), 1)),
+                    "final": float(f[0]), "final_low": float(f[1]), "final_high": float(f[2]),
+                    "mean": float(m[0]), "mean_low": float(m[1]), "mean_high": float(m[2]),
+                    "stage_seconds": seconds,
+                    **{f"vs_per_{k}_{key}": v for k, values, base in (
+                        ("final", final, base_final), ("mean", mean, base_mean))
+                       for key, v in paired_claim(values[ti, li], base[per, li], True).items()},
+                    **{f"vs_onpolicy_epochs_mean_{key}": v for key, v in paired_claim(
+                        mean[ti, li], base_mean[names.index("onpolicy_epochs"), li], True).items()}})
     for name, table in (("runs", run_rows), ("final", final_rows), ("ess_vs_age", ess_rows),
                         ("sampled_age", age_rows), ("score_vs_tau", tau_rows),
                         ("verdicts", verdict_rows), ("is_normalization", norm_rows),
-                        ("drift_by_method", drift_rows)):
+                        ("drift_by_method", drift_rows), ("short_tau", short_rows)):
         write_csv(out_dir / f"{name}.csv", table)
-    return _readme(scale, results, final_rows, verdict_rows, norm_rows, out_dir, header)
+    return _readme(scale, results, final_rows, verdict_rows, norm_rows, short_rows, out_dir, header)
 
 
-def _readme(scale, results, final_rows, verdict_rows, norm_rows, out_dir: Path, header: dict) -> str:
+def _stage_seconds(rows, env) -> float:
+    return next((r["stage_seconds"] for r in rows if r["task"] == env), math.nan)
+
+
+def _readme(scale, results, final_rows, verdict_rows, norm_rows, short_rows, out_dir: Path,
+            header: dict) -> str:
     lrs = scale.learning_rates
     config = next(iter(results.values()))[0]
     t = config.train
     text = ["# FreshPER in control: replay with matched controls", "", provenance_line(header),
             "Stage wall times (compilation included; a rerun restores saved chunks): " + ", ".join(
-                f"{env} pilot {r[1][lrs[0]]['stage_seconds']:.0f} s, study {r[5]:.0f} s"
-                for env, r in results.items()) + ".", "",
+                f"{env} pilot {r[1][lrs[0]]['stage_seconds']:.0f} s, study {r[5]:.0f} s, "
+                f"per-batch IS {_stage_seconds(norm_rows, env):.0f} s, short τ "
+                f"{_stage_seconds(short_rows, env):.0f} s" for env, r in results.items()) + ".", "",
             f"Trainer: `fresh_rl.control.replay_train`, {t.num_envs} envs × T = {t.rollout_length} "
             f"steps per iteration, {t.num_iterations} iterations, 1 fresh full-batch step + "
             f"K = {config.extra_updates} extra steps, buffer of {config.buffer_iterations} iterations "
@@ -312,12 +361,25 @@ def _readme(scale, results, final_rows, verdict_rows, norm_rows, out_dir: Path, 
              "difference excludes 0 on (against) the claimed side, *not separated* otherwise.",
              "", "## IS weights normalised per batch instead of buffer-wide (`is_normalization.csv`)",
              "", "The same seeds, so the difference is paired; claim tested: per-batch > buffer-wide.",
-             "", "| task | variant | lr | final, per-batch weights | Δ vs buffer-wide (95% CI) | verdict |",
-             "|---|---|---|---|---|---|"]
-    text += [f"| {r['task']} | {r['variant']} | {r['learning_rate']} | {r['final_batch_is']:.1f} "
-             f"[{r['final_batch_is_low']:.1f}, {r['final_batch_is_high']:.1f}] | "
-             f"{r['difference']:+.1f} [{r['low']:+.1f}, {r['high']:+.1f}] | {r['verdict']} |"
-             for r in norm_rows]
+             "", "| task | variant | lr | final, per-batch weights | Δ final vs buffer-wide (95% CI) "
+             "| verdict | mean over evaluations, per-batch | Δ mean | verdict |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    text += ["| " + " | ".join([r["task"], r["variant"], str(r["learning_rate"])] + [
+        f"{r[f'{s}_batch_is']:.1f} [{r[f'{s}_batch_is_low']:.1f}, {r[f'{s}_batch_is_high']:.1f}] | "
+        f"{r[f'{s}_difference']:+.1f} [{r[f'{s}_low']:+.1f}, {r[f'{s}_high']:+.1f}] | {r[f'{s}_verdict']}"
+        for s in ("final", "mean")]) + " |" for r in norm_rows]
+    text += ["", "## FreshPER at short τ (`short_tau.csv`)", "",
+             "τ in iterations; KL = the pilot's per-step KL of data of age τ; age = mean age of the "
+             "replayed rows; Δ paired against PER with given priorities (mean over evaluations) "
+             "and against on-policy with 1 + K epochs.", "",
+             "| task | lr | τ | KL at age τ | age | mean over evaluations | Δ vs PER | verdict "
+             "| Δ vs 1 + K epochs | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
+    text += [f"| {r['task']} | {r['learning_rate']} | {r['tau']:.0f} | {r['pilot_kl_at_age_tau']:.3f} | "
+             f"{r['mean_sampled_age']:.1f} | {r['mean']:.1f} [{r['mean_low']:.1f}, {r['mean_high']:.1f}] | "
+             f"{r['vs_per_mean_difference']:+.1f} [{r['vs_per_mean_low']:+.1f}, {r['vs_per_mean_high']:+.1f}] | "
+             f"{r['vs_per_mean_verdict']} | {r['vs_onpolicy_epochs_mean_difference']:+.1f} "
+             f"[{r['vs_onpolicy_epochs_mean_low']:+.1f}, {r['vs_onpolicy_epochs_mean_high']:+.1f}] | "
+             f"{r['vs_onpolicy_epochs_mean_verdict']} |" for r in short_rows]
     (out_dir / "README.md").write_text("\n".join(text) + "\n")
     return "\n".join(text)
 
@@ -328,7 +390,7 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
     with output_lock(out_dir):
         if fresh and (out_dir / "runs").exists():
             shutil.rmtree(out_dir / "runs")
-        results, batch_normalized = {}, {}
+        results, batch_normalized, short_tau = {}, {}, {}
         for config in scale.configs:
             env = config.train.env_name
             drift = drift_pilot(config, scale, out_dir, seed)
@@ -337,6 +399,7 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
             batch_config = dataclasses.replace(config, importance_weight_normalization="batch")
             batch_normalized[env] = study(batch_config, scale, drift, out_dir, seed, log,
                                           [(m, "shared") for m in BATCH_NORMALIZED], "batch_is")
+            short_tau[env] = short_tau_stage(config, scale, out_dir, seed, log)
         header = provenance(started=started)
         (out_dir / "config.json").write_text(json.dumps(
             {"scale": scale_name, "seed": seed, "num_seeds": scale.num_seeds,
@@ -344,7 +407,7 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
              "configs": {env: repr(r[0]) for env, r in results.items()},
              "tau_fit": {env: {str(lr): d["tau_fit"] for lr, d in r[1].items()}
                          for env, r in results.items()}, **header}, indent=1))
-        return summarize(scale, results, batch_normalized, out_dir, header)
+        return summarize(scale, results, batch_normalized, short_tau, out_dir, header)
 
 
 def main(argv=None):

@@ -162,6 +162,7 @@ def test_ci_scale_writes_its_files(ci_run):
     module, out = ci_run
     for name in ("README.md", "config.json", "runs.csv", "final.csv", "ess_vs_age.csv",
                  "sampled_age.csv", "score_vs_tau.csv", "verdicts.csv", "is_normalization.csv", "drift_by_method.csv",
+                 "short_tau.csv",
                  "score_vs_tau.png"):
         assert (out / name).stat().st_size > 0, name
     runs = _rows(out / "runs.csv")
@@ -172,6 +173,7 @@ def test_ci_scale_writes_its_files(ci_run):
     assert all(math.isfinite(float(r["final_return"])) for r in runs)
     norm = _rows(out / "is_normalization.csv")
     assert len(norm) == len(module.BATCH_NORMALIZED) * len(scale.learning_rates)
+    assert len(_rows(out / "short_tau.csv")) == len(module.SHORT_TAUS) * len(scale.learning_rates)
     ess = [float(r["ess_fraction"]) for r in _rows(out / "ess_vs_age.csv")]
     assert all(0 < e <= 1 + 1e-6 for e in ess)
 
