@@ -27,7 +27,8 @@ Per task, two stages, each one vmapped program over a ``fresh_rl.sweep.product_g
 Outputs (``results/freshper_control/``): ``runs.csv``, ``final.csv``, ``ess_vs_age.csv``,
 ``short_tau.csv``, ``drift_by_method.csv`` (ESS/n and KL by age of every variant's stored data),
 ``sampled_age.csv``, ``score_vs_tau.csv``, ``verdicts.csv``, ``is_normalization.csv``,
-``score_vs_tau.png`` (per task: ESS/n against age with the fit, final score against τ/τ_fit) and
+``score_vs_tau.png`` (per task: ESS/n against age with the fit; learner return, mean over
+evaluations, against τ/τ_fit for the τ_fit multiples and the short τ) and
 ``README.md`` with the verdicts computed from these numbers.
 
     python experiments/freshper_control.py --scale ci     # the tests (CartPole, tiny)
@@ -181,6 +182,14 @@ def short_tau_stage(config, scale: Scale, out_dir: Path, seed: int, log=print):
     return {k: v.reshape(*shape, *v.shape[1:]) for k, v in out.items()}, seconds
 
 
+def _tau_row(env, lr, tau_fit, tau, stage, final, mean) -> dict:
+    f, m = seed_interval(final), seed_interval(mean)
+    return {"task": env, "learning_rate": lr, "stage": stage, "tau": float(tau),
+            "tau_over_tau_fit": float(tau / tau_fit), "final": float(f[0]), "final_low": float(f[1]),
+            "final_high": float(f[2]), "mean": float(m[0]), "mean_low": float(m[1]),
+            "mean_high": float(m[2])}
+
+
 def _scores(data: dict) -> tuple[np.ndarray, np.ndarray]:
     """Final learner score (the last evaluation's deterministic return) and the mean over
     every evaluation of the run (learning speed), ``[variants, lrs, seeds]``."""
@@ -207,6 +216,7 @@ def summarize(scale: Scale, results: dict, batch_normalized: dict, short_tau: di
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     lrs, names = scale.learning_rates, [variant_name(*v) for v in variants()]
     run_rows, final_rows, ess_rows, age_rows, tau_rows, verdict_rows, drift_rows = ([] for _ in range(7))
@@ -252,25 +262,16 @@ def summarize(scale: Scale, results: dict, batch_normalized: dict, short_tau: di
                 axes[0, c].plot(ages, np.exp(-ages / drift[lr]["tau_fit"]), "--", color=line.get_color())
         axes[0, c].set(title=env, xlabel="age (iterations)", ylabel="per-step ESS/n (on-policy pilot)")
         axes[0, c].legend(fontsize=8)
-        tau_names = ["freshper_0.3", "freshper_1", "freshper_3"]
         for li, lr in enumerate(lrs):
-            ys = [final[names.index(n), li].mean() for n in tau_names]
-            line, = axes[1, c].plot([0.3, 1, 3], ys, "o-", label=f"lr {lr}")
-            axes[1, c].axhline(final[names.index("per_given"), li].mean(), ls=":", color=line.get_color())
-            axes[1, c].axhline(final[names.index("onpolicy"), li].mean(), ls="--", color=line.get_color())
-            tau_rows += [{"task": env, "learning_rate": lr, "tau_over_tau_fit": REPLAY_METHODS[n].tau_factor,
-                          "final": float(final[names.index(n), li].mean())} for n in tau_names + ["per_given"]]
+            tau_rows += [_tau_row(env, lr, drift[lr]["tau_fit"], REPLAY_METHODS[n].tau_factor
+                                  * drift[lr]["tau_fit"], "study", final[names.index(n), li],
+                                  mean[names.index(n), li])
+                         for n in ("freshper_0.3", "freshper_1", "freshper_3")]
             for text, a, b, positive in CLAIMS:
                 for metric, values in (("final", final), ("mean", mean)):
                     verdict_rows.append({"task": env, "learning_rate": lr, "claim": text, "score": metric,
                                          **paired_claim(values[names.index(a), li],
                                                         values[names.index(b), li], positive)})
-        axes[1, c].set(xscale="log", xlabel="τ / τ_fit (dotted: PER; dashed: on-policy)",
-                       ylabel="final learner return")
-        axes[1, c].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_dir / "score_vs_tau.png", dpi=110)
-    plt.close(fig)
     norm_rows = []
     for env, (grid, rows, data, seconds) in batch_normalized.items():
         buffer_scores, batch_scores = _scores(results[env][4]), _scores(data)
@@ -307,6 +308,29 @@ def summarize(scale: Scale, results: dict, batch_normalized: dict, short_tau: di
                        for key, v in paired_claim(values[ti, li], base[per, li], True).items()},
                     **{f"vs_onpolicy_epochs_mean_{key}": v for key, v in paired_claim(
                         mean[ti, li], base_mean[names.index("onpolicy_epochs"), li], True).items()}})
+    for c, (env, (data, _)) in enumerate(short_tau.items()):
+        config, drift, _, _, base_data, _ = results[env]
+        final, mean = _scores(data)
+        base_mean = _scores(base_data)[1]
+        for li, lr in enumerate(lrs):
+            tau_rows += [_tau_row(env, lr, drift[lr]["tau_fit"], tau, "short_tau", final[ti, li],
+                                  mean[ti, li]) for ti, tau in enumerate(SHORT_TAUS)]
+            points = sorted((r for r in tau_rows if r["task"] == env and r["learning_rate"] == lr),
+                            key=lambda r: r["tau_over_tau_fit"])
+            x = [r["tau_over_tau_fit"] for r in points]
+            y = np.array([[r["mean"], r["mean"] - r["mean_low"], r["mean_high"] - r["mean"]] for r in points])
+            bars = axes[1, c].errorbar(x, y[:, 0], yerr=y[:, 1:].T, fmt="o-", capsize=2, label=f"lr {lr}")
+            color = bars[0].get_color()
+            for variant, style in (("per_given", ":"), ("onpolicy", "--"), ("onpolicy_epochs", "-.")):
+                axes[1, c].axhline(base_mean[names.index(variant), li].mean(), ls=style, color=color, lw=1)
+        axes[1, c].set(xscale="log", xlabel="τ / τ_fit (dotted: PER; dashed: on-policy; dash-dot: "
+                       "1 + K epochs)", ylabel="learner return, mean over evaluations")
+        axes[1, c].xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        axes[1, c].xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        axes[1, c].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "score_vs_tau.png", dpi=110)
+    plt.close(fig)
     for name, table in (("runs", run_rows), ("final", final_rows), ("ess_vs_age", ess_rows),
                         ("sampled_age", age_rows), ("score_vs_tau", tau_rows),
                         ("verdicts", verdict_rows), ("is_normalization", norm_rows),
