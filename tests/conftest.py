@@ -49,6 +49,25 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs",
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 
 
+@pytest.fixture(scope="session")
+def load_experiment():
+    """``load_experiment(stem)`` imports ``experiments/<stem>.py`` as module ``stem`` (registered
+    in ``sys.modules``: dataclasses look their module up there), once per session."""
+    import importlib.util
+    import sys
+
+    def load(stem):
+        if stem not in sys.modules:
+            path = Path(__file__).resolve().parents[1] / "experiments" / f"{stem}.py"
+            spec = importlib.util.spec_from_file_location(stem, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[stem] = module
+            spec.loader.exec_module(module)
+        return sys.modules[stem]
+
+    return load
+
+
 @pytest.fixture
 def run_notebook(tmp_path):
     """``run_notebook(stem)`` executes ``notebooks/<stem>.ipynb`` top to bottom in a fresh kernel

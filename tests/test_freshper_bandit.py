@@ -1,9 +1,7 @@
 """The exact stale-buffer test bed (fresh_rl.tabular_bandit) and its experiment."""
 import csv
-import importlib.util
 import itertools
 import math
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +11,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fresh_rl.lag import fit_ess_time_constant
-from fresh_rl.provenance import REPOSITORY_ROOT
 from fresh_rl.replay import make_trajectory_buffer
 from fresh_rl.tabular_bandit import (BedConfig, apply_update, ess_fraction, expected_reward,
                                      insert, kl_divergence, method_hparams,
@@ -164,25 +161,16 @@ def test_zero_gradient_replay_step(replay_optimizer, moves):
 # ------------------------------------------------------------------------- the experiment
 
 
-def _experiment():
-    path = REPOSITORY_ROOT / "experiments" / "freshper_bandit.py"
-    spec = importlib.util.spec_from_file_location("freshper_bandit", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def ci_run(tmp_path_factory):
+def ci_run(tmp_path_factory, load_experiment):
     out = tmp_path_factory.mktemp("freshper_bandit")
-    module = _experiment()
+    module = load_experiment("freshper_bandit")
     module.run("ci", out, log=lambda *_: None)
     return module, out
 
 
 def test_ci_scale_writes_its_files(ci_run):
-    _, out = ci_run
+    module, out = ci_run
     for name in ("README.md", "runs.csv", "final.csv", "ess_vs_age.csv", "sampled_age.csv",
                  "score_vs_tau.csv", "final_scores.png", "ess_kl_vs_age.png", "sampled_age.png",
                  "score_vs_tau.png", "config.json"):
@@ -190,7 +178,7 @@ def test_ci_scale_writes_its_files(ci_run):
     readme = (out / "README.md").read_text()
     assert "Made by" in readme and "## Verdicts" in readme
     rows = list(csv.DictReader(open(out / "runs.csv")))
-    scale = _experiment().SCALES["ci"]
+    scale = module.SCALES["ci"]
     assert len(rows) == 9 * scale.num_seeds * len(scale.learning_rates)
     assert all(0.0 <= float(r["final_expected_reward"]) <= 1.0 for r in rows)
 
@@ -206,8 +194,8 @@ def test_ci_scale_rerun_skips_saved_chunks(ci_run):
 
 def test_epoch_method_makes_exactly_k_plus_one_updates_per_batch(ci_run):
     """Counted by the bed and by Adam's own step counter of the shared state."""
-    _, out = ci_run
-    bed = _experiment().SCALES["ci"].bed
+    module, out = ci_run
+    bed = module.SCALES["ci"].bed
     rows = list(csv.DictReader(open(out / "runs.csv")))
     per_method = {m: [r for r in rows if r["method"] == m] for m in ("onpolicy", "onpolicy_epochs")}
     for r in per_method["onpolicy_epochs"]:

@@ -1,9 +1,7 @@
 """The control replay trainer (fresh_rl.control.replay_train), the shared replay methods and the
 FreshPER control experiment."""
 import csv
-import importlib.util
 import math
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +11,6 @@ import pytest
 
 from fresh_rl.control import replay_train
 from fresh_rl.control.train import TrainConfig
-from fresh_rl.provenance import REPOSITORY_ROOT
 from fresh_rl.replay import methods as replay_methods
 from fresh_rl.replay.methods import REPLAY_METHODS, replay_hparams, stack_replay_hparams
 from fresh_rl.sweep.keys import seed_keys
@@ -136,19 +133,10 @@ def test_zero_gradient_replay_step_with_the_control_optimizer(replay_optimizer, 
 # ------------------------------------------------------------------------- the experiment
 
 
-def _experiment():
-    path = REPOSITORY_ROOT / "experiments" / "freshper_control.py"
-    spec = importlib.util.spec_from_file_location("freshper_control", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def ci_run(tmp_path_factory):
+def ci_run(tmp_path_factory, load_experiment):
     out = tmp_path_factory.mktemp("freshper_control")
-    module = _experiment()
+    module = load_experiment("freshper_control")
     module.run("ci", out, log=lambda *_: None)
     return module, out
 
