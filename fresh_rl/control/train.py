@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import chex
 import jax
@@ -321,7 +321,10 @@ class Batch:
     """One iteration's rollout, batch-major ``[num_envs, T, ...]``.
 
     ``behaviour_log_prob`` = log β(a|s) under the acting version ``version``; ``next_obs`` is the
-    true successor (final observation on episode ends).
+    true successor (final observation on episode ends). ``train_log_prob`` is the clean
+    (trainer-side) log π_v(a|s) of the acting version when an inference engine perturbed the
+    acting policy (:func:`_rollout`'s ``engine``), else ``None`` (it would equal
+    ``behaviour_log_prob``).
     """
 
     obs: jax.Array
@@ -332,6 +335,7 @@ class Batch:
     next_obs: jax.Array
     behaviour_log_prob: jax.Array
     version: jax.Array
+    train_log_prob: Optional[jax.Array] = None
 
 
 @struct.dataclass
@@ -377,9 +381,19 @@ def _normalize_advantages(config: TrainConfig, mb: dict, logp):
     return (adv - c * b) / std
 
 
-def _rollout(config: TrainConfig, state: TrainState, key, hparams: HyperParams
-             ) -> tuple[TrainState, Batch, dict]:
-    """Act for T steps; env e uses the version of its group's sampled lag."""
+InferenceEngine = Callable[[networks.PolicyOutput, chex.PRNGKey], networks.PolicyOutput]
+"""``engine(policy, key) -> acting policy``: how an inference engine's distribution differs from
+the trainer's clean one for the same parameters (e.g. perturbed logits)."""
+
+
+def _rollout(config: TrainConfig, state: TrainState, key, hparams: HyperParams,
+             engine: Optional[InferenceEngine] = None) -> tuple[TrainState, Batch, dict]:
+    """Act for T steps; env e uses the version of its group's sampled lag.
+
+    With an ``engine``, each acting key is split into (perturbation, action) keys, actions are
+    sampled from ``engine(π_v, key)``, ``behaviour_log_prob`` is their log-prob under it and
+    ``Batch.train_log_prob`` the clean log π_v (the key schedule without an engine is unchanged).
+    """
     net = config.network()
     venv = config.vec_env
     G = config.num_actor_groups
@@ -394,14 +408,20 @@ def _rollout(config: TrainConfig, state: TrainState, key, hparams: HyperParams
 
     def group_act(params, obs, key):
         policy, _ = net.apply(params, obs)
-        actions = networks.sample(key, policy)
-        return actions, networks.log_prob(policy, actions)
+        if engine is None:
+            actions = networks.sample(key, policy)
+            logp = networks.log_prob(policy, actions)
+            return actions, logp, logp
+        key_engine, key_act = jax.random.split(key)
+        acting = engine(policy, key_engine)
+        actions = networks.sample(key_act, acting)
+        return actions, networks.log_prob(acting, actions), networks.log_prob(policy, actions)
 
     def step(carry, keys):
         env_state, obs, ret_sum, ret_count = carry
         key_env = keys[G]
         obs_g = obs.reshape(G, config.num_envs // G, *obs.shape[1:])
-        actions_g, logp_g = jax.vmap(group_act)(group_params, obs_g, keys[:G])
+        actions_g, logp_g, train_logp_g = jax.vmap(group_act)(group_params, obs_g, keys[:G])
         actions = actions_g.reshape(config.num_envs, *actions_g.shape[2:])
         logp = logp_g.reshape(config.num_envs)
         env_state, out = venv.step(key_env, env_state, actions)
@@ -412,6 +432,7 @@ def _rollout(config: TrainConfig, state: TrainState, key, hparams: HyperParams
             obs=obs, action=actions, reward=out.reward, terminated=out.terminated,
             truncated=out.truncated, next_obs=out.next_obs, behaviour_log_prob=logp,
             version=env_versions,
+            train_log_prob=None if engine is None else train_logp_g.reshape(config.num_envs),
         )
         return (env_state, out.obs, ret_sum, ret_count), transition
 
@@ -497,30 +518,11 @@ def _update(config: TrainConfig, state: TrainState, batch: Batch, key,
         total = pg + hparams.value_coef * v_loss - hparams.entropy_coef * ent
         return total, {**pm, "value_loss": v_loss, "entropy": ent}
 
-    M = config.num_minibatches
-    if method.minibatch_layout == "env_rows":
-        units = config.num_envs
-    else:
-        units = config.batch_size
-        data = jax.tree.map(lambda x: x.reshape(units, *x.shape[2:]), data)
-
-    def make_minibatches(perm):
-        return jax.tree.map(lambda x: x[perm].reshape(M, units // M, *x.shape[1:]), data)
-
-    def sgd_step(carry, mb):
-        params, opt_state = carry
-        grads, m = jax.grad(loss_fn, has_aux=True)(params, mb)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        return (params, opt_state), {**m, "grad_norm": optax.tree.norm(grads)}
-
-    def epoch(carry, perm):
-        return jax.lax.scan(sgd_step, carry, make_minibatches(perm))
-
-    # every epoch's shuffle from one draw: argsort of uniform random bits is a uniformly random
-    # permutation (ties, probability ~units²/2³³, keep a valid permutation by the stable sort)
-    perms = jnp.argsort(jax.random.bits(key, (config.passes_per_batch_used, units), jnp.uint32), axis=-1)
-    (params, opt_state), step_metrics = jax.lax.scan(epoch, (state.params, state.opt_state), perms)
+    if method.minibatch_layout == "samples":
+        data = jax.tree.map(lambda x: x.reshape(config.batch_size, *x.shape[2:]), data)
+    (params, opt_state), step_metrics = sgd_passes(
+        loss_fn, opt, state.params, state.opt_state, data, key, config.passes_per_batch_used,
+        config.num_minibatches)
     metrics.update({f"loss/{k}": jnp.mean(v) for k, v in step_metrics.items()})
     metrics["lag/forward_tv"] = _forward_tv(config, logp_T, params, batch)
     kl_coef = state.kl_coef
@@ -529,6 +531,34 @@ def _update(config: TrainConfig, state: TrainState, batch: Batch, key,
                                           config.kl_adaptive)
     ring = version_ring.push(state.ring, params)
     return state.replace(params=params, opt_state=opt_state, ring=ring, kl_coef=kl_coef), metrics
+
+
+def sgd_passes(loss_fn: Callable, optimizer: optax.GradientTransformation, params, opt_state,
+               data: dict, key: chex.PRNGKey, passes: int, num_minibatches: int):
+    """``passes`` shuffled passes over ``data`` (leading axis = the shuffled units: samples or
+    env rows), each ``num_minibatches`` gradient steps of ``loss_fn(params, mb) -> (loss,
+    metrics)``. Returns ``((params, opt_state), metrics [passes, num_minibatches])`` with
+    ``grad_norm`` added."""
+    units = jax.tree.leaves(data)[0].shape[0]
+    M = num_minibatches
+
+    def make_minibatches(perm):
+        return jax.tree.map(lambda x: x[perm].reshape(M, units // M, *x.shape[1:]), data)
+
+    def sgd_step(carry, mb):
+        params, opt_state = carry
+        grads, m = jax.grad(loss_fn, has_aux=True)(params, mb)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return (params, opt_state), {**m, "grad_norm": optax.tree.norm(grads)}
+
+    def epoch(carry, perm):
+        return jax.lax.scan(sgd_step, carry, make_minibatches(perm))
+
+    # every epoch's shuffle from one draw: argsort of uniform random bits is a uniformly random
+    # permutation (ties, probability ~units²/2³³, keep a valid permutation by the stable sort)
+    perms = jnp.argsort(jax.random.bits(key, (passes, units), jnp.uint32), axis=-1)
+    return jax.lax.scan(epoch, (params, opt_state), perms)
 
 
 def _forward_tv(config: TrainConfig, logp_T, params, batch: Batch) -> jax.Array:

@@ -1,0 +1,392 @@
+"""Old-logit routes in control: does the mask collapse cost reward, and which repair recovers it?
+
+The control analogue of arXiv 2605.12070 (:mod:`fresh_rl.control.old_logits_train`): PPO with the
+decoupled loss (MIS mask on r_d = π_old/π_infer, clip on r_s = π_θ/π_old), an inference engine
+whose log-probs differ from the trainer's by a fixed mean |log r_d| (0.02), and random
+staleness: every actor group acts with a version U{0, …, W} iterations old, redrawn every
+iteration. Every route (recompute_current, snapshot, old_logit_model, linear and log-linear
+proxies, EWMA with and without auto-reset) runs at every W and at every learning rate of the
+grid, on the same seeds (paired); the EWMA with reset also at every reset threshold.
+Scores are learner evaluation episodes (deterministic), the last one and the mean over all
+evaluations of the run.
+
+Per (task, W): one vmapped program over every route × lr × seed (× reset threshold for
+``ewma``; the route is a traced hyperparameter), run by ``fresh_rl.sweep.run_sharded`` in chunks
+saved as they finish (a rerun skips them). Then a cost stage times every route on the first task
+at the smallest and largest W, from one program per W whose route is an unbatched argument
+(a real branch: each call runs only its own route).
+
+Outputs (``results/old_logits_control/``): ``runs.csv`` (one row per run), ``summary.csv`` (per
+task, W, route, threshold, lr: scores with 95% intervals, ρ_active, |log r̂_d|, staleness, clip
+fraction, resets), ``active_fraction.csv`` (ρ_active per iteration), ``reset.csv``,
+``costs.csv`` (parameter copies, forwards per iteration, compile and run seconds),
+``verdicts.csv``, ``mechanism.png`` (ρ_active and learner return against W, per route) and
+``README.md`` with the verdicts computed from these numbers.
+
+    python experiments/old_logits_control.py --scale ci     # the tests and the quickstart
+    python experiments/old_logits_control.py --scale cpu    # CartPole + Acrobot, 10 seeds
+    python experiments/old_logits_control.py --scale paper  # + Breakout-MinAtar, 30 seeds
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import hashlib
+import json
+import shutil
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
+from fresh_rl.control import old_logits_train as olt
+from fresh_rl.control.train import TrainConfig
+from fresh_rl.eval import paired_claim, seed_interval
+from fresh_rl.lag import DelayConfig
+from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
+from fresh_rl.sweep import RunCheckpointer, output_lock, run_sharded
+from fresh_rl.sweep.keys import seed_keys
+
+RESULTS = REPOSITORY_ROOT / "results" / "old_logits_control"
+MAIN_THRESHOLD = 0.9  # the EWMA reset threshold of the route comparison (the library default)
+MIN_MASKED_FRACTION = 0.05
+"""Below this fraction of samples masked by recompute_current at a W, the mask has not collapsed
+there, so no route claim can be decided at that W (the verdict says "untestable here")."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    tasks: tuple[TrainConfig, ...]  # W and the learning rate are set per grid point
+    windows: tuple[int, ...]
+    num_seeds: int
+    learning_rates: tuple[float, ...]
+    thresholds: tuple[float, ...]
+    cost_iterations: int
+
+
+def _task(env_name: str, num_envs: int, rollout_length: int, iterations: int, eval_every: int,
+          eval_episodes: int) -> TrainConfig:
+    return TrainConfig(env_name=env_name, num_envs=num_envs, rollout_length=rollout_length,
+                       total_env_steps=num_envs * rollout_length * iterations, num_epochs=4,
+                       num_minibatches=4, num_actor_groups=num_envs, eval_every=eval_every,
+                       eval_episodes=eval_episodes)
+
+
+SCALES = {
+    "ci": Scale((_task("CartPole-v1", 8, 32, 20, 10, 4),), (4,), 2, (1e-3,), (0.8, 0.9), 10),
+    "cpu": Scale((_task("CartPole-v1", 8, 64, 250, 25, 8), _task("Acrobot-v1", 8, 64, 250, 25, 8)),
+                 (1, 4, 16, 32), 10, (3e-4, 1e-3), (0.7, 0.8, 0.9, 0.95), 50),
+    "paper": Scale((_task("CartPole-v1", 16, 128, 500, 25, 32), _task("Acrobot-v1", 16, 128, 500, 25, 32),
+                    _task("Breakout-MinAtar", 16, 128, 1000, 50, 32)),
+                   (1, 4, 16, 32), 30, (3e-4, 1e-3), (0.7, 0.8, 0.9, 0.95), 50),
+}
+KEEP = ("eval/return_deterministic", "eval/valid", "episode_return", "loss/active_token_fraction",
+        "loss/clip_fraction", "loss/log_rd_abs", "old_logits/log_rd_abs_true",
+        "old_logits/staleness_log_ratio_abs", "old_logits/forwards", "old_logits/reset",
+        "lag/version_gap_mean")
+
+
+def route_config(task: TrainConfig, window: int, iterations=None) -> olt.OldLogitTrainConfig:
+    """The task with random staleness U{0, …, W} (ring W + 1); the route is a traced hyperparameter."""
+    steps = task.total_env_steps if iterations is None else task.batch_size * iterations
+    train = dataclasses.replace(task, delay=DelayConfig.uniform(0, window, window + 1), total_env_steps=steps)
+    return olt.OldLogitTrainConfig(train=train)
+
+
+def _thresholds(scale: Scale, route: str) -> tuple[float, ...]:
+    return scale.thresholds if route == "ewma" else (MAIN_THRESHOLD,)
+
+
+def cell_rows(scale: Scale, seed: int) -> list[dict]:
+    """The grid of one (task, W): every route × lr × seed, the ``ewma`` route also × every
+    reset threshold (route slowest, seed fastest)."""
+    return [{"route": route, "threshold": threshold, "learning_rate": lr, "seed": s}
+            for route in olt.BUILTIN_ROUTES for threshold in _thresholds(scale, route)
+            for lr in scale.learning_rates for s in range(seed, seed + scale.num_seeds)]
+
+
+def _train_kept(config, key, hp):
+    out = olt.train(config, key, hp)
+    return {k: out[k] for k in KEEP}
+
+
+def run_cell(scale: Scale, task: TrainConfig, window: int, out_dir: Path, seed: int, log=print) -> dict:
+    """Every route of one (task, W) from one compiled program: ``{route: arrays [thresholds, lrs,
+    seeds, …]}``, chunks of seeds × lrs saved as they finish."""
+    config = route_config(task, window)
+    rows = cell_rows(scale, seed)
+    hp = olt.OldLogitHParams.from_grid(config, len(rows), routes=[r["route"] for r in rows],
+                                       ewma_reset_threshold=[r["threshold"] for r in rows],
+                                       learning_rate=[r["learning_rate"] for r in rows])
+    fingerprint = f"{config!r} rows={rows}"
+    digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:10]  # new settings, new folder
+    folder = out_dir / "runs" / f"{task.env_name}-W{window}-{digest}"
+    timing = folder.with_name(folder.name + ".seconds")
+    started = time.perf_counter()
+    out = run_sharded(functools.partial(_train_kept, config), seed_keys([r["seed"] for r in rows]), hp,
+                      chunk_size=scale.num_seeds * len(scale.learning_rates),
+                      checkpointer=RunCheckpointer(folder, fingerprint=fingerprint))
+    if not timing.exists():
+        timing.write_text(f"{time.perf_counter() - started:.1f}\n")
+    log(f"{task.env_name} W={window}: {len(rows)} runs, {float(timing.read_text()):.0f} s")
+    out = {k: np.asarray(v) for k, v in out.items()}
+    cells, start = {}, 0
+    for route in olt.BUILTIN_ROUTES:
+        shape = (len(_thresholds(scale, route)), len(scale.learning_rates), scale.num_seeds)
+        size = int(np.prod(shape))
+        cells[route] = {k: v[start:start + size].reshape(*shape, *v.shape[1:]) for k, v in out.items()}
+        start += size
+    return cells
+
+
+def scores(data: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Final learner score (the last evaluation's deterministic return) and the mean over every
+    evaluation of the run, shaped like the leading axes of ``data``."""
+    ret, valid = data["eval/return_deterministic"], data["eval/valid"].astype(bool)
+    return ret[..., -1], np.where(valid, ret, 0).sum(-1) / np.maximum(valid.sum(-1), 1)
+
+
+def measure_costs(scale: Scale, out_dir: Path, seed: int, log=print) -> list[dict]:
+    """Compile and run seconds of every route's program (``num_seeds`` vmapped runs of
+    ``cost_iterations`` iterations) on the first task at the smallest and largest W, with the
+    forwards per iteration and the parameter copies; saved to ``costs.json`` (reused)."""
+    path = out_dir / "costs.json"
+    task = scale.tasks[0]
+    windows = sorted({min(scale.windows), max(scale.windows)})
+    key = f"{task!r} {windows} {scale.num_seeds} {scale.cost_iterations}"
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("key") == key:
+            return saved["rows"]
+    rows = []
+    keys = seed_keys(list(range(seed, seed + scale.num_seeds)))
+    for window in windows:
+        config = route_config(task, window, scale.cost_iterations)
+        hp = olt.OldLogitHParams.from_grid(config, scale.num_seeds)
+        # the route leaf unbatched: a real branch, so each call pays only its own route
+        axes = olt.OldLogitHParams(control=0, route=None, ewma_beta=0, ewma_reset_threshold=0)
+        fn = jax.jit(jax.vmap(olt.train, (None, 0, axes)), static_argnums=0)
+        started = time.perf_counter()
+        compiled = fn.lower(config, keys, hp.replace(route=hp.route[0])).compile()
+        compile_s = time.perf_counter() - started
+        for route in olt.BUILTIN_ROUTES:
+            route_hp = hp.replace(route=jnp.asarray(olt.route_index(route), jnp.int32))
+            jax.block_until_ready(compiled(keys, route_hp))  # warm-up
+            started = time.perf_counter()
+            out = jax.block_until_ready(compiled(keys, route_hp))
+            run_s = time.perf_counter() - started
+            spec = olt.ROUTES[route]
+            rows.append({"task": task.env_name, "window": window, "route": route, "exact": spec.exact,
+                         "param_copies": spec.param_copies(window, task.num_actor_groups),
+                         "forwards_per_iteration": float(np.mean(out["old_logits/forwards"])),
+                         "compile_seconds_all_routes": round(compile_s, 2),
+                         "ms_per_run_iteration": round(1e3 * run_s / (scale.num_seeds * scale.cost_iterations), 3)})
+            log(f"cost {task.env_name} W={window} {route}: {rows[-1]['ms_per_run_iteration']} ms per run-iteration")
+    path.write_text(json.dumps({"key": key, "rows": rows}, indent=1))
+    return rows
+
+
+def _interval_fields(prefix: str, values) -> dict:
+    mean, low, high = (float(x) for x in seed_interval(np.asarray(values)))
+    return {prefix: mean, f"{prefix}_low": low, f"{prefix}_high": high}
+
+
+def summarize(scale: Scale, results: dict, costs: list[dict], out_dir: Path, header: dict) -> str:
+    """CSV tables, verdicts, figure and README from ``results[(task, W, route)]``."""
+    run_rows, summary_rows, curve_rows, reset_rows, verdict_rows = [], [], [], [], []
+    for (env, window, route), data in results.items():
+        final, mean = scores(data)
+        for t, threshold in enumerate(_thresholds(scale, route)):
+            for l, lr in enumerate(scale.learning_rates):
+                d = {k: v[t, l] for k, v in data.items()}
+                for s in range(scale.num_seeds):
+                    run_rows.append({"task": env, "window": window, "route": route, "threshold": threshold,
+                                     "learning_rate": lr, "seed": s, "final": float(final[t, l, s]),
+                                     "mean": float(mean[t, l, s]),
+                                     "active_fraction": float(d["loss/active_token_fraction"][s].mean()),
+                                     "resets": int(d["old_logits/reset"][s].sum())})
+                summary_rows.append({
+                    "task": env, "window": window, "route": route, "threshold": threshold, "learning_rate": lr,
+                    **_interval_fields("final", final[t, l]), **_interval_fields("mean", mean[t, l]),
+                    "active_fraction": float(d["loss/active_token_fraction"].mean()),
+                    "log_rd_abs_route": float(d["loss/log_rd_abs"].mean()),
+                    "log_rd_abs_engine": float(d["old_logits/log_rd_abs_true"].mean()),
+                    "staleness_log_ratio_abs": float(d["old_logits/staleness_log_ratio_abs"].mean()),
+                    "clip_fraction": float(d["loss/clip_fraction"].mean()),
+                    "version_gap_mean": float(d["lag/version_gap_mean"].mean()),
+                    "resets_per_run": float(d["old_logits/reset"].sum(-1).mean())})
+                if l == 0 and (route != "ewma" or threshold == MAIN_THRESHOLD):
+                    active = d["loss/active_token_fraction"].mean(0)
+                    curve_rows += [{"task": env, "window": window, "route": route, "iteration": i,
+                                    "active_fraction": float(a)} for i, a in enumerate(active)]
+                if route == "ewma":
+                    reset_rows.append({"task": env, "window": window, "threshold": threshold,
+                                       "learning_rate": lr, "resets_per_run": summary_rows[-1]["resets_per_run"],
+                                       "active_fraction": summary_rows[-1]["active_fraction"],
+                                       "active_fraction_min": float(d["loss/active_token_fraction"].mean(0).min()),
+                                       "final": summary_rows[-1]["final"], "mean": summary_rows[-1]["mean"]})
+    verdict_rows = _verdicts(scale, results)
+    for name, rows in (("runs", run_rows), ("summary", summary_rows), ("active_fraction", curve_rows),
+                       ("reset", reset_rows), ("costs", costs), ("verdicts", verdict_rows)):
+        write_csv(out_dir / f"{name}.csv", rows)
+    _figure(scale, summary_rows, out_dir)
+    return _readme(scale, summary_rows, reset_rows, costs, verdict_rows, results, out_dir, header)
+
+
+def _pick(data: dict, scale: Scale, route: str, lr_index: int, threshold=MAIN_THRESHOLD) -> np.ndarray:
+    t = _thresholds(scale, route).index(threshold)
+    return {k: v[t, lr_index] for k, v in data.items()}
+
+
+CLAIMS = (
+    # (claim, route a, route b, a better?) — on the mean learner return over evaluations
+    ("mask collapse costs reward: snapshot > recompute_current", "snapshot", "recompute_current", True),
+    ("EWMA (reset) > recompute_current", "ewma", "recompute_current", True),
+    ("EWMA (reset) ≥ snapshot (is it as good as exact?)", "ewma", "snapshot", True),
+    ("log-linear proxy < snapshot", "loglinear_proxy", "snapshot", False),
+    ("linear proxy < snapshot", "linear_proxy", "snapshot", False),
+    ("reset helps: EWMA with reset > without", "ewma", "ewma_no_reset", True),
+)
+
+
+def _verdicts(scale: Scale, results: dict) -> list[dict]:
+    rows = []
+    for env in [t.env_name for t in scale.tasks]:
+        for window in scale.windows:
+            for l, lr in enumerate(scale.learning_rates):
+                def get(route):
+                    return _pick(results[(env, window, route)], scale, route, l)
+                collapse = 1.0 - float(get("recompute_current")["loss/active_token_fraction"].mean())
+                for claim, a, b, a_better in CLAIMS:
+                    sa, sb = scores(get(a))[1], scores(get(b))[1]
+                    row = paired_claim(sa, sb, a_better)
+                    if collapse < MIN_MASKED_FRACTION:
+                        row["verdict"] = f"untestable here (recompute_current masks {collapse:.3f})"
+                    rows.append({"task": env, "window": window, "learning_rate": lr, "claim": claim,
+                                 "a": a, "b": b, "mean_a": float(sa.mean()), "mean_b": float(sb.mean()),
+                                 "recompute_current_masked_fraction": collapse, **row})
+    return rows
+
+
+def _figure(scale: Scale, summary_rows: list[dict], out_dir: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    envs = [t.env_name for t in scale.tasks]
+    fig, axes = plt.subplots(2, len(envs), figsize=(5 * len(envs), 7), squeeze=False)
+    lr = scale.learning_rates[0]
+    for j, env in enumerate(envs):
+        for route in olt.BUILTIN_ROUTES:
+            rows = [r for r in summary_rows if r["task"] == env and r["route"] == route
+                    and r["learning_rate"] == lr and r["threshold"] == MAIN_THRESHOLD]
+            w = [r["window"] for r in rows]
+            axes[0, j].plot(w, [r["active_fraction"] for r in rows], marker="o", label=route)
+            axes[1, j].errorbar(w, [r["mean"] for r in rows],
+                                yerr=[[r["mean"] - r["mean_low"] for r in rows],
+                                      [r["mean_high"] - r["mean"] for r in rows]], marker="o", capsize=3,
+                                label=route)
+        for ax in axes[:, j]:
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("staleness window W (lags U{0..W})")
+        axes[0, j].set_title(f"{env}, lr {lr}")
+        axes[0, j].set_ylabel("active-token fraction ρ_active")
+        axes[1, j].set_ylabel("learner return, mean over evaluations")
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "mechanism.png", dpi=110)
+    plt.close(fig)
+
+
+def _fmt(r: dict, key: str) -> str:
+    return f"{r[key]:.1f} [{r[key + '_low']:.1f}, {r[key + '_high']:.1f}]"
+
+
+def _readme(scale, summary_rows, reset_rows, costs, verdict_rows, results, out_dir: Path, header: dict) -> str:
+    seconds = sum(float(p.read_text()) for p in (out_dir / "runs").glob("*.seconds"))
+    text = ["# Old-logit routes in control: learner reward under random staleness", "",
+            provenance_line(header), "",
+            f"Command: `python experiments/old_logits_control.py --scale {header.get('scale', '?')}`. "
+            f"Stage compute (sum of the saved cells' wall times): {seconds / 60:.1f} min.", "",
+            f"Tasks {', '.join(t.env_name for t in scale.tasks)}; W ∈ {list(scale.windows)} (each actor "
+            f"group's lag U{{0..W}}, redrawn per iteration); {scale.num_seeds} seeds; learning rates "
+            f"{list(scale.learning_rates)} for every route; engine mean |log r_d| 0.02; MIS token mask "
+            "exp(±0.1); PPO clip 0.2 on r_s; EWMA β = W/(W + 2), reset threshold "
+            f"{MAIN_THRESHOLD} in the route comparison. Scores: learner evaluation (deterministic), "
+            "mean over the run's evaluations and the last one, 95% bootstrap intervals over seeds.", "",
+            "## Routes by W (first learning rate; `summary.csv` has all)", "",
+            "| task | W | route | ρ_active | mean abs log r̂_d | mean abs log π_k/π_v | clip fraction | "
+            "return, mean over evals | final return |", "|---|---|---|---|---|---|---|---|---|"]
+    lr0 = scale.learning_rates[0]
+    text += [f"| {r['task']} | {r['window']} | {r['route']} | {r['active_fraction']:.3f} | "
+             f"{r['log_rd_abs_route']:.3f} | {r['staleness_log_ratio_abs']:.3f} | {r['clip_fraction']:.3f} | "
+             f"{_fmt(r, 'mean')} | {_fmt(r, 'final')} |"
+             for r in summary_rows if r["learning_rate"] == lr0 and r["threshold"] == MAIN_THRESHOLD]
+    text += ["", "## Verdicts (`verdicts.csv`; paired by seed, mean return over evaluations)", "",
+             "| task | W | lr | masked by recompute_current | claim | Δ (a − b) [95%] | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    text += [f"| {r['task']} | {r['window']} | {r['learning_rate']} | "
+             f"{r['recompute_current_masked_fraction']:.3f} | {r['claim']} | "
+             f"{r['difference']:+.1f} [{r['low']:+.1f}, {r['high']:+.1f}] | {r['verdict']} |"
+             for r in verdict_rows]
+    text += ["", "## Auto-reset thresholds (`reset.csv`)", "",
+             "| task | W | lr | threshold | resets per run | ρ_active (mean) | ρ_active (lowest iteration) | "
+             "return, mean over evals |", "|---|---|---|---|---|---|---|---|"]
+    text += [f"| {r['task']} | {r['window']} | {r['learning_rate']} | {r['threshold']} | "
+             f"{r['resets_per_run']:.1f} | {r['active_fraction']:.3f} | {r['active_fraction_min']:.3f} | "
+             f"{r['mean']:.1f} |" for r in reset_rows]
+    text += ["", "## Costs (`costs.csv`)", "",
+             "Parameter copies besides the learner's own and the engines'; forwards = passes over the batch "
+             "spent on old log-probs per iteration; time per run-iteration from one compiled program "
+             f"(every route shares it, route unbatched so each call runs only its own branch) of "
+             f"{scale.num_seeds} vmapped runs × {scale.cost_iterations} iterations, after a warm-up "
+             f"call, on this machine; compiling that program took "
+             f"{', '.join(sorted({str(r['compile_seconds_all_routes']) for r in costs}))} s.", "",
+             "| task | W | route | exact | parameter copies | forwards per iteration | "
+             "ms per run-iteration |", "|---|---|---|---|---|---|---|"]
+    text += [f"| {r['task']} | {r['window']} | {r['route']} | {r['exact']} | {r['param_copies']} | "
+             f"{r['forwards_per_iteration']:.2f} | {r['ms_per_run_iteration']:.2f} |"
+             for r in costs]
+    (out_dir / "README.md").write_text("\n".join(text) + "\n")
+    return "\n".join(text)
+
+
+def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
+    started = time.perf_counter()
+    scale, out_dir = SCALES[scale_name], Path(out_dir)
+    with output_lock(out_dir):
+        if fresh and (out_dir / "runs").exists():
+            shutil.rmtree(out_dir / "runs")
+        results = {}
+        for task in scale.tasks:
+            for window in scale.windows:
+                cells = run_cell(scale, task, window, out_dir, seed, log)
+                results.update({(task.env_name, window, route): data for route, data in cells.items()})
+        costs = measure_costs(scale, out_dir, seed, log)
+        header = {"scale": scale_name, **provenance(started=started)}
+        (out_dir / "config.json").write_text(json.dumps(
+            {"scale": scale_name, "seed": seed, "num_seeds": scale.num_seeds,
+             "windows": list(scale.windows), "learning_rates": list(scale.learning_rates),
+             "thresholds": list(scale.thresholds),
+             "configs": {t.env_name: repr(route_config(t, max(scale.windows))) for t in scale.tasks},
+             **header}, indent=1))
+        return summarize(scale, results, costs, out_dir, header)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scale", choices=tuple(SCALES), default="ci")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fresh", action="store_true", help="ignore saved chunks, recompute all")
+    add_compilation_cache_flag(parser)
+    args = parser.parse_args(argv)
+    enable_from_args(args)
+    print(run(args.scale, args.out, args.seed, args.fresh))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""The control old-logit trainer (fresh_rl.control.old_logits_train) and its experiment."""
+import csv
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from fresh_rl.control import networks
+from fresh_rl.control import old_logits_train as olt
+from fresh_rl.control.train import TrainConfig, _rollout, init_state
+from fresh_rl.corrections import MISConfig
+from fresh_rl.lag import DelayConfig, version_ring
+
+WINDOW = 4
+TINY = TrainConfig(env_name="CartPole-v1", num_envs=4, rollout_length=16, total_env_steps=4 * 16 * 8,
+                   num_epochs=2, num_minibatches=2, learning_rate=3e-3, num_actor_groups=4,
+                   delay=DelayConfig.uniform(0, WINDOW, WINDOW + 1))
+
+
+def _config(**fields):
+    return olt.OldLogitTrainConfig(**{"train": TINY, **fields})
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"route": "nearest"}, "route"),
+    ({"discrepancy": -0.01}, "discrepancy"),
+    ({"max_logit_noise": 0.0}, "max_logit_noise"),
+    ({"ewma_beta_rule": "median"}, "ewma_beta_rule"),
+    ({"ewma_reset_threshold": 1.5}, "ewma_reset_threshold"),
+    ({"tis_cap": 0.0}, "tis_cap"),
+    ({"train": TrainConfig(method="vaco")}, "train.method"),
+    ({"train": TrainConfig(env_name="brax/inverted_pendulum")}, "discrete actions"),
+])
+def test_bad_config_names_the_field(fields, message):
+    with pytest.raises(ValueError, match=message):
+        _config(**fields)
+
+
+@pytest.mark.parametrize("leaf, value", [("ewma_beta", 1.5), ("ewma_reset_threshold", -0.1), ("route", 99)])
+def test_bad_hyperparameter_names_the_field(leaf, value):
+    config = _config()
+    hp = olt.OldLogitHParams.from_config(config)
+    with pytest.raises(ValueError, match=f"OldLogitHParams.{leaf}"):
+        hp.replace(**{leaf: jnp.asarray(value, hp.__getattribute__(leaf).dtype)}).validate(config)
+
+
+@pytest.mark.parametrize("target", [0.01, 0.02, 0.05])
+@pytest.mark.parametrize("num_actions, sharpness", [(2, 0.3), (2, 2.0), (4, 1.0), (6, 2.0)])
+def test_engine_discrepancy_matches_the_configured_mean(target, num_actions, sharpness):
+    """Mean |log π_train(a) − log π_infer(a)| over actions the engine samples is within 10% of
+    ``discrepancy``, for flat and peaked policies and several action counts."""
+    n = 40_000
+    logits = sharpness * jax.random.normal(jax.random.PRNGKey(100 + num_actions), (n, num_actions))
+    policy = networks.PolicyOutput(loc=logits)
+    acting = olt.make_inference_engine(target, max_logit_noise=1.0)(policy, jax.random.PRNGKey(1))
+    actions = networks.sample(jax.random.PRNGKey(2), acting)
+    gap = jnp.abs(networks.log_prob(policy, actions) - networks.log_prob(acting, actions))
+    assert abs(float(jnp.mean(gap)) / target - 1.0) < 0.10
+
+
+def test_engine_is_exact_at_zero_discrepancy():
+    policy = networks.PolicyOutput(loc=jax.random.normal(jax.random.PRNGKey(0), (8, 3)))
+    acting = olt.make_inference_engine(0.0, 1.0)(policy, jax.random.PRNGKey(1))
+    np.testing.assert_array_equal(acting.loc, policy.loc)
+
+
+def _stale_state(config, pushes=WINDOW + 2):
+    """A control state whose ring holds ``pushes`` distinct random versions."""
+    state = init_state(config.train, jax.random.PRNGKey(0))
+    net = config.train.network()
+    base = net.init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))
+    for i in range(pushes):  # versions far enough apart that their policies differ
+        leaves, tree = jax.tree.flatten(base)
+        keys = jax.random.split(jax.random.PRNGKey(10 + i), len(leaves))
+        params = tree.unflatten([x + 0.3 * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)])
+        state = state.replace(params=params, ring=version_ring.push(state.ring, params))
+    return state
+
+
+@jax.jit
+def _rollout_and_routes(key):
+    config = _config()
+    state = _stale_state(config)
+    hp = olt.OldLogitHParams.from_config(config)
+    engine = olt.make_inference_engine(config.discrepancy, config.max_logit_noise)
+    state, batch, _ = _rollout(config.train, state, key, hp.control, engine=engine)
+    return state, batch
+
+
+def test_snapshot_and_old_logit_model_equal_the_acting_versions_log_probs():
+    """Both exact routes give log π_v(a|s) of each sample's own acting version: snapshot by a
+    forward of the ring's version, old_logit_model as recorded while acting; both equal a direct
+    per-row forward of that version; recompute_current gives π_k instead."""
+    config = _config()
+    state, batch = _rollout_and_routes(jax.random.PRNGKey(3))
+    assert len(set(np.asarray(batch.version[:, 0]).tolist())) > 1  # groups act with different versions
+    net = config.train.network()
+    direct = []
+    for e in range(config.train.num_envs):
+        lag = state.ring.latest_version - batch.version[e, 0]
+        policy, _ = net.apply(version_ring.get(state.ring, lag), batch.obs[e])
+        direct.append(networks.log_prob(policy, batch.action[e]))
+    direct = np.stack(direct)
+    snapshot = olt.snapshot_log_probs(config, state.ring, batch)
+    np.testing.assert_allclose(snapshot, direct, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(batch.train_log_prob, direct, rtol=0, atol=1e-6)
+    policy, _ = net.apply(state.params, batch.obs)
+    current = networks.log_prob(policy, batch.action)
+    assert np.max(np.abs(np.asarray(current) - direct)) > 1e-2  # the versions do differ
+    # the behaviour log-probs are the engine's, not the clean ones: |log r_d| near the target
+    assert 0.5 * config.discrepancy < float(jnp.mean(jnp.abs(batch.behaviour_log_prob - direct))) < 2 * config.discrepancy
+
+
+def test_random_delays_have_the_configured_distribution():
+    """Acting lags (latest version − the version a group acts with) are U{0, …, W}: chi-square over
+    400 rollouts × 4 groups, once the ring is full."""
+    keys = jax.random.split(jax.random.PRNGKey(7), 400)
+    states, batches = jax.vmap(_rollout_and_routes)(keys)
+    lags = np.asarray(states.ring.latest_version[:, None] - batches.version[:, :, 0]).ravel()
+    counts = np.bincount(lags, minlength=WINDOW + 1)
+    assert counts.size == WINDOW + 1
+    assert stats.chisquare(counts).pvalue > 1e-3
+    # every step of a row carries its group's version
+    assert np.all(np.asarray(batches.version) == np.asarray(batches.version[:, :, :1]))
+
+
+@pytest.fixture(scope="module")
+def route_runs():
+    """Every route and two EWMA variants from one compiled program, same key (paired)."""
+    config = _config(ewma_reset_threshold=0.9)
+    names = list(olt.BUILTIN_ROUTES) + ["ewma_no_reset", "ewma"]
+    hp = olt.OldLogitHParams.from_grid(config, len(names), routes=names,
+                                       ewma_reset_threshold=[0.9] * len(olt.BUILTIN_ROUTES) + [0.9, 1.0])
+    # row −2: EWMA without reset at β = 0; row −1: EWMA with a reset threshold of 1 (resets whenever a sample is masked)
+    hp = hp.replace(ewma_beta=hp.ewma_beta.at[-2].set(0.0))
+    keys = jnp.broadcast_to(jax.random.PRNGKey(5), (len(names), 2))
+    out = jax.jit(jax.vmap(olt.train, (None, 0, 0)), static_argnums=0)(config, keys, hp)
+    return names, {k: np.asarray(v) for k, v in out.items()}
+
+
+def _row(runs, name, occurrence=0):
+    names, out = runs
+    index = [i for i, n in enumerate(names) if n == name][occurrence]
+    return {k: v[index] for k, v in out.items()}
+
+
+def test_ewma_with_beta_zero_equals_recompute_current(route_runs):
+    """β = 0 makes θ_ref the last learner version, i.e. θ_k at every batch start: the run equals
+    recompute_current's (same key)."""
+    ewma, current = _row(route_runs, "ewma_no_reset", 1), _row(route_runs, "recompute_current")
+    for k in ("episode_return", "loss/active_token_fraction", "loss/log_rd_abs", "loss/entropy"):
+        np.testing.assert_allclose(ewma[k], current[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_exact_routes_keep_the_mask_and_recompute_current_loses_it(route_runs):
+    """At W = 4 the engine's |log r_d| is the configured 0.02 for every route; the exact routes see
+    it as their |log r̂_d| and keep ≥ 97% of the samples, recompute_current sees the staleness too
+    and masks more; the proxies' r̂_d is a power of the mixed ratio, not the engine's."""
+    for name in olt.BUILTIN_ROUTES:
+        assert abs(_row(route_runs, name)["old_logits/log_rd_abs_true"].mean() / 0.02 - 1) < 0.1, name
+    for name in ("snapshot", "old_logit_model"):
+        row = _row(route_runs, name)
+        assert abs(row["loss/log_rd_abs"].mean() / 0.02 - 1) < 0.1
+        assert row["loss/active_token_fraction"].mean() > 0.97
+    current = _row(route_runs, "recompute_current")
+    assert current["loss/active_token_fraction"].mean() < _row(route_runs, "snapshot")["loss/active_token_fraction"].mean() - 0.05
+    assert current["old_logits/staleness_log_ratio_abs"].mean() > 0.02
+
+
+def test_route_costs_and_resets(route_runs):
+    """Forwards per iteration: recompute_current and EWMA 1, proxies 0, exact routes the number
+    of distinct versions acting (1..G); a reset threshold of 1 resets on most iterations and
+    the main EWMA run counts its resets."""
+    assert np.all(_row(route_runs, "recompute_current")["old_logits/forwards"] == 1)
+    assert np.all(_row(route_runs, "linear_proxy")["old_logits/forwards"] == 0)
+    snapshot = _row(route_runs, "snapshot")["old_logits/forwards"]
+    assert snapshot.min() >= 1 and snapshot.max() <= TINY.num_actor_groups and snapshot.max() > 1
+    always = _row(route_runs, "ewma", 1)
+    assert always["ewma_reset_count"] == always["old_logits/reset"].sum() >= TINY.num_iterations // 2
+    assert _row(route_runs, "ewma_no_reset")["ewma_reset_count"] == 0
+    table = {r["route"]: r["param_copies"] for r in olt.route_table(WINDOW, TINY.num_actor_groups)}
+    assert table == {"recompute_current": 0, "snapshot": WINDOW + 1, "old_logit_model": TINY.num_actor_groups,
+                     "linear_proxy": 0, "loglinear_proxy": 0, "ewma": 1, "ewma_no_reset": 1}
+
+
+def test_a_new_route_is_one_registry_entry():
+    """Registering a route (here: the current policy under another name) makes it trainable with
+    no other edit, and it runs as the route it copies."""
+    toy = olt.register_route(olt.ControlRoute("toy_current", olt.ROUTES["recompute_current"].fn))
+    try:
+        with pytest.raises(ValueError, match="already registered"):
+            olt.register_route(toy)
+        config = _config(route="toy_current")
+        hp = olt.OldLogitHParams.from_grid(config, 2, routes=["toy_current", "recompute_current"])
+        out = jax.jit(jax.vmap(olt.train, (None, 0, 0)), static_argnums=0)(
+            config, jnp.broadcast_to(jax.random.PRNGKey(1), (2, 2)), hp)
+        np.testing.assert_array_equal(out["episode_return"][0], out["episode_return"][1])
+    finally:
+        olt.ROUTES.pop("toy_current")
+
+
+def test_mask_bounds_default_is_loose_for_the_engine():
+    bounds = olt.DEFAULT_MIS.token_bounds
+    assert isinstance(olt.DEFAULT_MIS, MISConfig)
+    assert math.log(bounds[1]) == pytest.approx(0.1) and math.log(bounds[0]) == pytest.approx(-0.1)
+
+
+# --------------------------------------------------------------------------- the experiment
+
+
+@pytest.fixture(scope="module")
+def ci_run(tmp_path_factory, load_experiment):
+    module = load_experiment("old_logits_control")
+    out = tmp_path_factory.mktemp("old_logits_control")
+    module.run("ci", out, log=lambda *_: None)
+    return module, out
+
+
+def _read(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_experiment_writes_every_route_verdict_and_cost(ci_run):
+    module, out = ci_run
+    scale = module.SCALES["ci"]
+    summary = _read(out / "summary.csv")
+    routes = {r["route"] for r in summary}
+    assert routes == set(olt.BUILTIN_ROUTES)
+    assert len(summary) == (len(olt.BUILTIN_ROUTES) - 1 + len(scale.thresholds)) * len(scale.windows)
+    runs = _read(out / "runs.csv")
+    assert len(runs) == len(summary) * scale.num_seeds * len(scale.learning_rates)
+    verdicts = _read(out / "verdicts.csv")
+    assert len(verdicts) == len(module.CLAIMS) * len(scale.windows) * len(scale.learning_rates)
+    assert all(v["verdict"] for v in verdicts)
+    costs = _read(out / "costs.csv")
+    assert {c["route"] for c in costs} == set(olt.BUILTIN_ROUTES)
+    assert all(float(c["ms_per_run_iteration"]) > 0 for c in costs)
+    engine = [float(r["log_rd_abs_engine"]) for r in summary]
+    assert all(abs(x / 0.02 - 1) < 0.1 for x in engine)
+    readme = (out / "README.md").read_text()
+    assert "## Verdicts" in readme and "## Costs" in readme and (out / "mechanism.png").exists()
+
+
+def test_experiment_resumes_from_saved_chunks(ci_run):
+    """A rerun loads every saved chunk (no recomputation) and rewrites the same tables."""
+    module, out = ci_run
+    before = (out / "summary.csv").read_text()
+    logs = []
+    module.run("ci", out, log=logs.append)
+    assert (out / "summary.csv").read_text() == before
+    assert any("W=" in line for line in logs)
