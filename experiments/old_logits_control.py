@@ -20,10 +20,12 @@ Outputs (``results/old_logits_control/``): ``runs.csv`` (one row per run), ``sum
 task, W, route, threshold, lr: scores with 95% intervals, ρ_active, |log r̂_d|, staleness, clip
 fraction, resets), ``active_fraction.csv`` (ρ_active per iteration), ``reset.csv``,
 ``costs.csv`` (parameter copies, forwards per iteration, compile and run seconds),
-``verdicts.csv``, ``mechanism.png`` (ρ_active and learner return against W, per route) and
+``verdicts.csv``, ``mechanism.png`` (ρ_active, the route's |log r̂_d| and the learner return
+against W, per route) and
 ``README.md`` with the verdicts computed from these numbers.
 
-    python experiments/old_logits_control.py --scale ci     # the tests and the quickstart
+    python experiments/old_logits_control.py --scale ci     # the tests
+    python experiments/old_logits_control.py --scale quick  # the quickstart: W = 1 and 16, ~1.5 min
     python experiments/old_logits_control.py --scale cpu    # CartPole + Acrobot, 10 seeds
     python experiments/old_logits_control.py --scale paper  # + Breakout-MinAtar, 30 seeds
 """
@@ -65,6 +67,7 @@ class Scale:
     num_seeds: int
     learning_rates: tuple[float, ...]
     thresholds: tuple[float, ...]
+    cost_windows: tuple[int, ...]  # W at which the cost stage times every route (first task)
     cost_iterations: int
 
 
@@ -77,12 +80,13 @@ def _task(env_name: str, num_envs: int, rollout_length: int, iterations: int, ev
 
 
 SCALES = {
-    "ci": Scale((_task("CartPole-v1", 8, 32, 20, 10, 4),), (4,), 2, (1e-3,), (0.8, 0.9), 10),
+    "ci": Scale((_task("CartPole-v1", 8, 32, 20, 10, 4),), (4,), 2, (1e-3,), (0.8, 0.9), (4,), 10),
+    "quick": Scale((_task("CartPole-v1", 8, 32, 60, 10, 4),), (1, 16), 3, (1e-3,), (0.9,), (16,), 10),
     "cpu": Scale((_task("CartPole-v1", 8, 64, 250, 25, 8), _task("Acrobot-v1", 8, 64, 250, 25, 8)),
-                 (1, 4, 16, 32), 10, (3e-4, 1e-3), (0.7, 0.8, 0.9, 0.95), 50),
+                 (1, 4, 16, 32), 10, (3e-4, 1e-3), (0.7, 0.8, 0.9, 0.95), (1, 32), 50),
     "paper": Scale((_task("CartPole-v1", 16, 128, 500, 25, 32), _task("Acrobot-v1", 16, 128, 500, 25, 32),
                     _task("Breakout-MinAtar", 16, 128, 1000, 50, 32)),
-                   (1, 4, 16, 32), 30, (3e-4, 1e-3), (0.7, 0.8, 0.9, 0.95), 50),
+                   (1, 4, 16, 32), 30, (3e-4, 1e-3), (0.7, 0.8, 0.9, 0.95), (1, 32), 50),
 }
 KEEP = ("eval/return_deterministic", "eval/valid", "episode_return", "loss/active_token_fraction",
         "loss/clip_fraction", "loss/log_rd_abs", "old_logits/log_rd_abs_true",
@@ -152,11 +156,11 @@ def scores(data: dict) -> tuple[np.ndarray, np.ndarray]:
 
 def measure_costs(scale: Scale, out_dir: Path, seed: int, log=print) -> list[dict]:
     """Compile and run seconds of every route's program (``num_seeds`` vmapped runs of
-    ``cost_iterations`` iterations) on the first task at the smallest and largest W, with the
+    ``cost_iterations`` iterations) on the first task at each W of ``cost_windows``, with the
     forwards per iteration and the parameter copies; saved to ``costs.json`` (reused)."""
     path = out_dir / "costs.json"
     task = scale.tasks[0]
-    windows = sorted({min(scale.windows), max(scale.windows)})
+    windows = list(scale.cost_windows)
     key = f"{task!r} {windows} {scale.num_seeds} {scale.cost_iterations}"
     if path.exists():
         saved = json.loads(path.read_text())
@@ -243,14 +247,37 @@ def _pick(data: dict, scale: Scale, route: str, lr_index: int, threshold=MAIN_TH
 
 
 CLAIMS = (
-    # (claim, route a, route b, a better?) — on the mean learner return over evaluations
-    ("mask collapse costs reward: snapshot > recompute_current", "snapshot", "recompute_current", True),
-    ("EWMA (reset) > recompute_current", "ewma", "recompute_current", True),
-    ("EWMA (reset) ≥ snapshot (is it as good as exact?)", "ewma", "snapshot", True),
-    ("log-linear proxy < snapshot", "loglinear_proxy", "snapshot", False),
-    ("linear proxy < snapshot", "linear_proxy", "snapshot", False),
-    ("reset helps: EWMA with reset > without", "ewma", "ewma_no_reset", True),
+    # (claim, route a, route b, a better?, metric): paired by seed; metric "return" = the mean
+    # learner return over the run's evaluations, "active" = the run's mean ρ_active
+    ("mask collapse costs reward: snapshot > recompute_current", "snapshot", "recompute_current", True, "return"),
+    ("EWMA (reset) > recompute_current", "ewma", "recompute_current", True, "return"),
+    ("EWMA (reset) as good as snapshot", "ewma", "snapshot", True, "return"),
+    ("proxies only move the clip boundary: log-linear proxy keeps fewer samples than snapshot",
+     "loglinear_proxy", "snapshot", False, "active"),
+    ("proxies only move the clip boundary: linear proxy keeps fewer samples than snapshot",
+     "linear_proxy", "snapshot", False, "active"),
+    ("log-linear proxy < snapshot in reward", "loglinear_proxy", "snapshot", False, "return"),
+    ("linear proxy < snapshot in reward", "linear_proxy", "snapshot", False, "return"),
+    ("reset restores coverage: EWMA ρ_active with reset > without", "ewma", "ewma_no_reset", True, "active"),
+    ("reset helps reward: EWMA with reset > without", "ewma", "ewma_no_reset", True, "return"),
 )
+RECOVERY_CLAIM = "EWMA recovers most (> 50%) of the exact route's reward over recompute_current"
+
+
+def _metric(data: dict, metric: str) -> np.ndarray:
+    return scores(data)[1] if metric == "return" else data["loss/active_token_fraction"].mean(-1)
+
+
+def recovery_fraction(ewma, snapshot, current, reps: int = 2000, seed: int = 0) -> dict:
+    """(ewma − current)/(snapshot − current) of the seed means, with a percentile bootstrap over
+    seeds resampled jointly (the runs are paired by seed)."""
+    ewma, snapshot, current = (np.asarray(x, np.float64) for x in (ewma, snapshot, current))
+    idx = np.random.default_rng(seed).integers(0, ewma.size, size=(reps, ewma.size))
+    gap = snapshot[idx].mean(1) - current[idx].mean(1)
+    boot = (ewma[idx].mean(1) - current[idx].mean(1)) / np.where(gap == 0, np.nan, gap)
+    low, high = np.nanpercentile(boot, [2.5, 97.5])
+    point = (ewma.mean() - current.mean()) / (snapshot.mean() - current.mean())
+    return {"difference": float(point), "low": float(low), "high": float(high)}
 
 
 def _verdicts(scale: Scale, results: dict) -> list[dict]:
@@ -261,14 +288,29 @@ def _verdicts(scale: Scale, results: dict) -> list[dict]:
                 def get(route):
                     return _pick(results[(env, window, route)], scale, route, l)
                 collapse = 1.0 - float(get("recompute_current")["loss/active_token_fraction"].mean())
-                for claim, a, b, a_better in CLAIMS:
-                    sa, sb = scores(get(a))[1], scores(get(b))[1]
+                base = {"task": env, "window": window, "learning_rate": lr,
+                        "recompute_current_masked_fraction": collapse}
+                gap = None
+                for claim, a, b, a_better, metric in CLAIMS:
+                    sa, sb = _metric(get(a), metric), _metric(get(b), metric)
                     row = paired_claim(sa, sb, a_better)
+                    gap = row if claim.startswith("mask collapse") else gap
                     if collapse < MIN_MASKED_FRACTION:
                         row["verdict"] = f"untestable here (recompute_current masks {collapse:.3f})"
-                    rows.append({"task": env, "window": window, "learning_rate": lr, "claim": claim,
-                                 "a": a, "b": b, "mean_a": float(sa.mean()), "mean_b": float(sb.mean()),
-                                 "recompute_current_masked_fraction": collapse, **row})
+                    rows.append({**base, "claim": claim, "a": a, "b": b, "metric": metric,
+                                 "mean_a": float(sa.mean()), "mean_b": float(sb.mean()), **row})
+                returns = [_metric(get(r), "return") for r in ("ewma", "snapshot", "recompute_current")]
+                row = recovery_fraction(*returns)
+                if collapse < MIN_MASKED_FRACTION:
+                    row["verdict"] = f"untestable here (recompute_current masks {collapse:.3f})"
+                elif gap["low"] <= 0:
+                    row["verdict"] = "untestable here (snapshot does not beat recompute_current: no gap)"
+                else:
+                    row["verdict"] = ("reproduced" if row["low"] > 0.5 else "refuted" if row["high"] < 0.5
+                                      else "not separated")
+                rows.append({**base, "claim": RECOVERY_CLAIM, "a": "ewma", "b": "snapshot vs recompute_current",
+                             "metric": "recovered fraction", "mean_a": float(returns[0].mean()),
+                             "mean_b": float(returns[1].mean()), **row})
     return rows
 
 
@@ -277,7 +319,7 @@ def _figure(scale: Scale, summary_rows: list[dict], out_dir: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     envs = [t.env_name for t in scale.tasks]
-    fig, axes = plt.subplots(2, len(envs), figsize=(5 * len(envs), 7), squeeze=False)
+    fig, axes = plt.subplots(3, len(envs), figsize=(5 * len(envs), 10), squeeze=False)
     lr = scale.learning_rates[0]
     for j, env in enumerate(envs):
         for route in olt.BUILTIN_ROUTES:
@@ -285,7 +327,8 @@ def _figure(scale: Scale, summary_rows: list[dict], out_dir: Path) -> None:
                     and r["learning_rate"] == lr and r["threshold"] == MAIN_THRESHOLD]
             w = [r["window"] for r in rows]
             axes[0, j].plot(w, [r["active_fraction"] for r in rows], marker="o", label=route)
-            axes[1, j].errorbar(w, [r["mean"] for r in rows],
+            axes[1, j].plot(w, [r["log_rd_abs_route"] for r in rows], marker="o", label=route)
+            axes[2, j].errorbar(w, [r["mean"] for r in rows],
                                 yerr=[[r["mean"] - r["mean_low"] for r in rows],
                                       [r["mean_high"] - r["mean"] for r in rows]], marker="o", capsize=3,
                                 label=route)
@@ -294,11 +337,17 @@ def _figure(scale: Scale, summary_rows: list[dict], out_dir: Path) -> None:
             ax.set_xlabel("staleness window W (lags U{0..W})")
         axes[0, j].set_title(f"{env}, lr {lr}")
         axes[0, j].set_ylabel("active-token fraction ρ_active")
-        axes[1, j].set_ylabel("learner return, mean over evaluations")
+        axes[1, j].axhline(0.02, color="k", lw=0.8, ls=":")
+        axes[1, j].set_ylabel("mean |log r̂_d| of the route (engine: 0.02)")
+        axes[2, j].set_ylabel("learner return, mean over evaluations")
     axes[0, 0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out_dir / "mechanism.png", dpi=110)
     plt.close(fig)
+
+
+def _signed(x: float) -> str:
+    return f"{x:+.3f}" if abs(x) < 2 else f"{x:+.1f}"
 
 
 def _fmt(r: dict, key: str) -> str:
@@ -325,12 +374,15 @@ def _readme(scale, summary_rows, reset_rows, costs, verdict_rows, results, out_d
              f"{r['log_rd_abs_route']:.3f} | {r['staleness_log_ratio_abs']:.3f} | {r['clip_fraction']:.3f} | "
              f"{_fmt(r, 'mean')} | {_fmt(r, 'final')} |"
              for r in summary_rows if r["learning_rate"] == lr0 and r["threshold"] == MAIN_THRESHOLD]
-    text += ["", "## Verdicts (`verdicts.csv`; paired by seed, mean return over evaluations)", "",
-             "| task | W | lr | masked by recompute_current | claim | Δ (a − b) [95%] | verdict |",
-             "|---|---|---|---|---|---|---|"]
+    text += ["", "## Verdicts (`verdicts.csv`; paired by seed)", "",
+             "Metric `return`: the learner's mean return over the run's evaluations; `active`: the run's "
+             "mean ρ_active; `recovered fraction`: (EWMA − recompute_current)/(snapshot − recompute_current) "
+             "of the returns, bootstrap over seeds.", "",
+             "| task | W | lr | masked by recompute_current | claim | metric | Δ (a − b) or fraction [95%] | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
     text += [f"| {r['task']} | {r['window']} | {r['learning_rate']} | "
-             f"{r['recompute_current_masked_fraction']:.3f} | {r['claim']} | "
-             f"{r['difference']:+.1f} [{r['low']:+.1f}, {r['high']:+.1f}] | {r['verdict']} |"
+             f"{r['recompute_current_masked_fraction']:.3f} | {r['claim']} | {r['metric']} | "
+             f"{_signed(r['difference'])} [{_signed(r['low'])}, {_signed(r['high'])}] | {r['verdict']} |"
              for r in verdict_rows]
     text += ["", "## Auto-reset thresholds (`reset.csv`)", "",
              "| task | W | lr | threshold | resets per run | ρ_active (mean) | ρ_active (lowest iteration) | "

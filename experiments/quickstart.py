@@ -4,9 +4,10 @@
    the same aging buffer (``experiments/priority_staleness.py --scale cpu``).
 2. VACO — PPO-clip, PPO-KL and VACO on CartPole and Acrobot at lag 0 and 4, 3 seeds
    (``experiments/vaco_lag_sweep.py --scale quick``).
-3. Missing old logits — the async LLM pipeline at CI scale: recompute-with-current vs
-   snapshot vs the approximations, the mask-collapse mechanism
-   (``experiments/old_logits.py --scale ci``).
+3. Missing old logits — the control analogue at W = 1 and 16 (random staleness): every
+   old-logit route (recompute-with-current, snapshot, old-logit model, proxies, EWMA), the
+   active-token fraction, the route's |log r̂_d| and the learner's return side by side
+   (``experiments/old_logits_control.py --scale quick``).
 
 Each part writes into ``results/quickstart/<part>/`` (figures, CSVs, a summary) and this
 script writes ``results/quickstart/README.md`` with every part's wall time and the part of it
@@ -42,8 +43,8 @@ PARTS = (
      ["experiments/priority_staleness.py", "--scale", "cpu"]),
     ("vaco_lag", "VACO vs PPO-clip / PPO-KL under lag 0 and 4",
      ["experiments/vaco_lag_sweep.py", "--scale", "quick"]),
-    ("old_logits", "Missing old logits: routes and the mask collapse (CI scale)",
-     ["experiments/old_logits.py", "--scale", "ci"]),
+    ("old_logits_control", "Missing old logits: every route's mask collapse and reward at W = 1 and 16 (control)",
+     ["experiments/old_logits_control.py", "--scale", "quick"]),
 )
 TIMING_FIELDS = ("run_id", "commit", "cache", "part", "wall_seconds", "compile_seconds", "run_seconds")
 

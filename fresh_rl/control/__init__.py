@@ -14,6 +14,9 @@
   ``train(config, key, hparams)``, with backward lag from the version ring.
 * :mod:`.evaluation` — ``evaluate``: episode returns of given (e.g. the learner's) parameters
   on fresh envs with frozen observation statistics; the trainer's ``eval/…`` metrics.
+* :mod:`.replay_train` — actor-critic with trajectory replay (the FreshPER control study).
+* :mod:`.old_logits_train` — decoupled-loss PPO with an inference engine, random staleness and
+  the old-logit routes (the missing-old-logits control study).
 """
 from fresh_rl.control.brax_envs import BRAX_BACKENDS, BraxVecEnv, brax_env_names
 from fresh_rl.control.env_types import EnvSpec, RunningStats, StepOutput, VecEnvState
