@@ -12,15 +12,18 @@ evaluations of the run.
 
 Per (task, W): one vmapped program over every route × lr × seed (× reset threshold for
 ``ewma``; the route is a traced hyperparameter), run by ``fresh_rl.sweep.run_sharded`` in chunks
-saved as they finish (a rerun skips them). Then a cost stage times every route on the first task
+saved as they finish (a rerun skips them). A slow-reference stage reruns the two EWMA routes with
+β = W/(W + 1) (a reference older than most of the batch, where a reset has something to fix)
+on the same program and seeds. Then a cost stage times every route on the first task
 at the smallest and largest W, from one program per W whose route is an unbatched argument
 (a real branch: each call runs only its own route).
 
 Outputs (``results/old_logits_control/``): ``runs.csv`` (one row per run), ``summary.csv`` (per
 task, W, route, threshold, lr: scores with 95% intervals, ρ_active, |log r̂_d|, staleness, clip
 fraction, resets), ``active_fraction.csv`` (ρ_active per iteration), ``reset.csv``,
-``costs.csv`` (parameter copies, forwards per iteration, compile and run seconds),
-``verdicts.csv``, ``mechanism.png`` (ρ_active, the route's |log r̂_d| and the learner return
+``reset_over_time.csv`` and ``reset.png`` (EWMA ρ_active and cumulative resets per iteration at
+every threshold), ``costs.csv`` (parameter copies, forwards per iteration, compile and run
+seconds), ``verdicts.csv`` (per cell), ``claims.csv`` (per claim over cells), ``mechanism.png`` (ρ_active, the route's |log r̂_d| and the learner return
 against W, per route) and
 ``README.md`` with the verdicts computed from these numbers.
 
@@ -47,6 +50,7 @@ import numpy as np
 from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
 from fresh_rl.control import old_logits_train as olt
 from fresh_rl.control.train import TrainConfig
+from fresh_rl.corrections import ewma_beta_from_staleness
 from fresh_rl.eval import paired_claim, seed_interval
 from fresh_rl.lag import DelayConfig
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
@@ -69,6 +73,7 @@ class Scale:
     thresholds: tuple[float, ...]
     cost_windows: tuple[int, ...]  # W at which the cost stage times every route (first task)
     cost_iterations: int
+    slow_reference: bool = True  # run the slow-reference reset stage (SLOW_REFERENCE_RULE)
 
 
 def _task(env_name: str, num_envs: int, rollout_length: int, iterations: int, eval_every: int,
@@ -81,7 +86,8 @@ def _task(env_name: str, num_envs: int, rollout_length: int, iterations: int, ev
 
 SCALES = {
     "ci": Scale((_task("CartPole-v1", 8, 32, 20, 10, 4),), (4,), 2, (1e-3,), (0.8, 0.9), (4,), 10),
-    "quick": Scale((_task("CartPole-v1", 8, 32, 60, 10, 4),), (1, 16), 3, (1e-3,), (0.9,), (16,), 10),
+    "quick": Scale((_task("CartPole-v1", 8, 32, 60, 10, 4),), (1, 16), 3, (1e-3,), (0.9,), (16,), 10,
+                   slow_reference=False),
     "cpu": Scale((_task("CartPole-v1", 8, 64, 250, 25, 8), _task("Acrobot-v1", 8, 64, 250, 25, 8)),
                  (1, 4, 16, 32), 10, (3e-4, 1e-3), (0.7, 0.8, 0.9, 0.95), (1, 32), 50),
     "paper": Scale((_task("CartPole-v1", 16, 128, 500, 25, 32), _task("Acrobot-v1", 16, 128, 500, 25, 32),
@@ -101,15 +107,36 @@ def route_config(task: TrainConfig, window: int, iterations=None) -> olt.OldLogi
     return olt.OldLogitTrainConfig(train=train)
 
 
+SLOW = "@slow"
+"""Suffix of a route's name in the results of the slow-reference stage (``ewma@slow``)."""
+
+
+def _base_route(route: str) -> str:
+    return route.removesuffix(SLOW)
+
+
+def _reference(route: str) -> str:
+    """The EWMA β rule a result used: the route comparison's or the slow-reference stage's."""
+    return SLOW_REFERENCE_RULE if route.endswith(SLOW) else olt.OldLogitTrainConfig.ewma_beta_rule
+
+
 def _thresholds(scale: Scale, route: str) -> tuple[float, ...]:
-    return scale.thresholds if route == "ewma" else (MAIN_THRESHOLD,)
+    return scale.thresholds if _base_route(route) == "ewma" else (MAIN_THRESHOLD,)
 
 
-def cell_rows(scale: Scale, seed: int) -> list[dict]:
+SLOW_REFERENCE_RULE = "centre_of_mass"
+"""β rule of the slow-reference reset stage: β = W/(W + 1), centre of mass W, twice the mean lag
+W/2 of U{0, …, W} (the library's default rule). The route comparison uses ``"mean_age"``
+(β = W/(W + 2)), centred on the batch's mean version, where a reset to θ_k has nothing to fix;
+with the slow reference θ_ref is older than most of the batch, the case a reset is meant for."""
+SLOW_REFERENCE_ROUTES = ("ewma", "ewma_no_reset")
+
+
+def cell_rows(scale: Scale, seed: int, routes=olt.BUILTIN_ROUTES) -> list[dict]:
     """The grid of one (task, W): every route × lr × seed, the ``ewma`` route also × every
     reset threshold (route slowest, seed fastest)."""
     return [{"route": route, "threshold": threshold, "learning_rate": lr, "seed": s}
-            for route in olt.BUILTIN_ROUTES for threshold in _thresholds(scale, route)
+            for route in routes for threshold in _thresholds(scale, route)
             for lr in scale.learning_rates for s in range(seed, seed + scale.num_seeds)]
 
 
@@ -118,17 +145,23 @@ def _train_kept(config, key, hp):
     return {k: out[k] for k in KEEP}
 
 
-def run_cell(scale: Scale, task: TrainConfig, window: int, out_dir: Path, seed: int, log=print) -> dict:
+def run_cell(scale: Scale, task: TrainConfig, window: int, out_dir: Path, seed: int, log=print,
+             slow_reference: bool = False) -> dict:
     """Every route of one (task, W) from one compiled program: ``{route: arrays [thresholds, lrs,
-    seeds, …]}``, chunks of seeds × lrs saved as they finish."""
+    seeds, …]}``, chunks of seeds × lrs saved as they finish. ``slow_reference``: only the EWMA
+    routes, with β from ``SLOW_REFERENCE_RULE`` (the reset stage; the same compiled program)."""
     config = route_config(task, window)
-    rows = cell_rows(scale, seed)
+    routes = SLOW_REFERENCE_ROUTES if slow_reference else olt.BUILTIN_ROUTES
+    rows = cell_rows(scale, seed, routes)
+    beta = ewma_beta_from_staleness(window, SLOW_REFERENCE_RULE) if slow_reference else None
     hp = olt.OldLogitHParams.from_grid(config, len(rows), routes=[r["route"] for r in rows],
                                        ewma_reset_threshold=[r["threshold"] for r in rows],
-                                       learning_rate=[r["learning_rate"] for r in rows])
-    fingerprint = f"{config!r} rows={rows}"
+                                       learning_rate=[r["learning_rate"] for r in rows],
+                                       ewma_beta=None if beta is None else [beta] * len(rows))
+    fingerprint = f"{config!r} rows={rows}" + (f" ewma_beta={beta!r}" if slow_reference else "")
     digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:10]  # new settings, new folder
-    folder = out_dir / "runs" / f"{task.env_name}-W{window}-{digest}"
+    stage = "-slowref" if slow_reference else ""
+    folder = out_dir / "runs" / f"{task.env_name}-W{window}{stage}-{digest}"
     timing = folder.with_name(folder.name + ".seconds")
     started = time.perf_counter()
     out = run_sharded(functools.partial(_train_kept, config), seed_keys([r["seed"] for r in rows]), hp,
@@ -136,10 +169,10 @@ def run_cell(scale: Scale, task: TrainConfig, window: int, out_dir: Path, seed: 
                       checkpointer=RunCheckpointer(folder, fingerprint=fingerprint))
     if not timing.exists():
         timing.write_text(f"{time.perf_counter() - started:.1f}\n")
-    log(f"{task.env_name} W={window}: {len(rows)} runs, {float(timing.read_text()):.0f} s")
+    log(f"{task.env_name} W={window}{stage}: {len(rows)} runs, {float(timing.read_text()):.0f} s")
     out = {k: np.asarray(v) for k, v in out.items()}
     cells, start = {}, 0
-    for route in olt.BUILTIN_ROUTES:
+    for route in routes:
         shape = (len(_thresholds(scale, route)), len(scale.learning_rates), scale.num_seeds)
         size = int(np.prod(shape))
         cells[route] = {k: v[start:start + size].reshape(*shape, *v.shape[1:]) for k, v in out.items()}
@@ -227,18 +260,23 @@ def summarize(scale: Scale, results: dict, costs: list[dict], out_dir: Path, hea
                     active = d["loss/active_token_fraction"].mean(0)
                     curve_rows += [{"task": env, "window": window, "route": route, "iteration": i,
                                     "active_fraction": float(a)} for i, a in enumerate(active)]
-                if route == "ewma":
-                    reset_rows.append({"task": env, "window": window, "threshold": threshold,
+                if _base_route(route) in SLOW_REFERENCE_ROUTES:
+                    reset_rows.append({"task": env, "window": window, "ewma_beta_rule": _reference(route),
+                                       "threshold": threshold if _base_route(route) == "ewma" else "none",
                                        "learning_rate": lr, "resets_per_run": summary_rows[-1]["resets_per_run"],
                                        "active_fraction": summary_rows[-1]["active_fraction"],
                                        "active_fraction_min": float(d["loss/active_token_fraction"].mean(0).min()),
                                        "final": summary_rows[-1]["final"], "mean": summary_rows[-1]["mean"]})
     verdict_rows = _verdicts(scale, results)
+    claim_rows = claim_summary(verdict_rows)
+    reset_curve_rows = reset_curves(scale, results)
     for name, rows in (("runs", run_rows), ("summary", summary_rows), ("active_fraction", curve_rows),
-                       ("reset", reset_rows), ("costs", costs), ("verdicts", verdict_rows)):
+                       ("reset", reset_rows), ("reset_over_time", reset_curve_rows), ("costs", costs),
+                       ("verdicts", verdict_rows), ("claims", claim_rows)):
         write_csv(out_dir / f"{name}.csv", rows)
     _figure(scale, summary_rows, out_dir)
-    return _readme(scale, summary_rows, reset_rows, costs, verdict_rows, results, out_dir, header)
+    _reset_figure(scale, reset_curve_rows, out_dir)
+    return _readme(scale, summary_rows, reset_rows, costs, verdict_rows, claim_rows, out_dir, header)
 
 
 def _pick(data: dict, scale: Scale, route: str, lr_index: int, threshold=MAIN_THRESHOLD) -> np.ndarray:
@@ -251,7 +289,9 @@ CLAIMS = (
     # learner return over the run's evaluations, "active" = the run's mean ρ_active
     ("mask collapse costs reward: snapshot > recompute_current", "snapshot", "recompute_current", True, "return"),
     ("EWMA (reset) > recompute_current", "ewma", "recompute_current", True, "return"),
-    ("EWMA (reset) as good as snapshot", "ewma", "snapshot", True, "return"),
+    ("EWMA (no reset) > recompute_current", "ewma_no_reset", "recompute_current", True, "return"),
+    ("EWMA (reset) loses reward against snapshot", "ewma", "snapshot", False, "return"),
+    ("EWMA (no reset) loses reward against snapshot", "ewma_no_reset", "snapshot", False, "return"),
     ("proxies only move the clip boundary: log-linear proxy keeps fewer samples than snapshot",
      "loglinear_proxy", "snapshot", False, "active"),
     ("proxies only move the clip boundary: linear proxy keeps fewer samples than snapshot",
@@ -260,8 +300,16 @@ CLAIMS = (
     ("linear proxy < snapshot in reward", "linear_proxy", "snapshot", False, "return"),
     ("reset restores coverage: EWMA ρ_active with reset > without", "ewma", "ewma_no_reset", True, "active"),
     ("reset helps reward: EWMA with reset > without", "ewma", "ewma_no_reset", True, "return"),
+    ("slow reference β = W/(W + 1): reset restores coverage", "ewma" + SLOW, "ewma_no_reset" + SLOW, True, "active"),
+    ("slow reference β = W/(W + 1): reset helps reward", "ewma" + SLOW, "ewma_no_reset" + SLOW, True, "return"),
+    ("centred β = W/(W + 2) beats the slow β = W/(W + 1) (no reset)", "ewma_no_reset", "ewma_no_reset" + SLOW,
+     True, "return"),
 )
-RECOVERY_CLAIM = "EWMA recovers most (> 50%) of the exact route's reward over recompute_current"
+RECOVERY_CLAIMS = tuple(
+    (f"{name} recovers most (> 50%) of the exact route's reward over recompute_current", route)
+    for name, route in (("EWMA (reset)", "ewma"), ("EWMA (no reset)", "ewma_no_reset")))
+"""(claim, route): (route − recompute_current)/(snapshot − recompute_current) of the returns
+has its 95% interval above 0.5 (reproduced) or below it (refuted)."""
 
 
 def _metric(data: dict, metric: str) -> np.ndarray:
@@ -292,6 +340,8 @@ def _verdicts(scale: Scale, results: dict) -> list[dict]:
                         "recompute_current_masked_fraction": collapse}
                 gap = None
                 for claim, a, b, a_better, metric in CLAIMS:
+                    if (env, window, a) not in results or (env, window, b) not in results:
+                        continue  # a stage this scale does not run
                     sa, sb = _metric(get(a), metric), _metric(get(b), metric)
                     row = paired_claim(sa, sb, a_better)
                     gap = row if claim.startswith("mask collapse") else gap
@@ -299,19 +349,96 @@ def _verdicts(scale: Scale, results: dict) -> list[dict]:
                         row["verdict"] = f"untestable here (recompute_current masks {collapse:.3f})"
                     rows.append({**base, "claim": claim, "a": a, "b": b, "metric": metric,
                                  "mean_a": float(sa.mean()), "mean_b": float(sb.mean()), **row})
-                returns = [_metric(get(r), "return") for r in ("ewma", "snapshot", "recompute_current")]
-                row = recovery_fraction(*returns)
-                if collapse < MIN_MASKED_FRACTION:
-                    row["verdict"] = f"untestable here (recompute_current masks {collapse:.3f})"
-                elif gap["low"] <= 0:
-                    row["verdict"] = "untestable here (snapshot does not beat recompute_current: no gap)"
-                else:
-                    row["verdict"] = ("reproduced" if row["low"] > 0.5 else "refuted" if row["high"] < 0.5
-                                      else "not separated")
-                rows.append({**base, "claim": RECOVERY_CLAIM, "a": "ewma", "b": "snapshot vs recompute_current",
-                             "metric": "recovered fraction", "mean_a": float(returns[0].mean()),
-                             "mean_b": float(returns[1].mean()), **row})
+                for claim, route in RECOVERY_CLAIMS:
+                    returns = [_metric(get(r), "return") for r in (route, "snapshot", "recompute_current")]
+                    row = recovery_fraction(*returns)
+                    if collapse < MIN_MASKED_FRACTION:
+                        row["verdict"] = f"untestable here (recompute_current masks {collapse:.3f})"
+                    elif gap["low"] <= 0:
+                        row["verdict"] = "untestable here (snapshot does not beat recompute_current: no gap)"
+                    else:
+                        row["verdict"] = ("reproduced" if row["low"] > 0.5 else "refuted" if row["high"] < 0.5
+                                          else "not separated")
+                    rows.append({**base, "claim": claim, "a": route, "b": "snapshot vs recompute_current",
+                                 "metric": "recovered fraction", "mean_a": float(returns[0].mean()),
+                                 "mean_b": float(returns[1].mean()), **row})
     return rows
+
+
+def claim_summary(verdict_rows: list[dict]) -> list[dict]:
+    """One row per claim over its (task, W, lr) cells: how many cells reproduce, refute, do not
+    separate or cannot test it, and the overall reading: *reproduced* / *refuted* when some
+    testable cells decide it one way and none the other, *mixed* when cells decide both ways,
+    *not separated* when no cell decides, *untestable here* when no cell can test it."""
+    rows = []
+    for claim in dict.fromkeys(r["claim"] for r in verdict_rows):
+        cells = [r for r in verdict_rows if r["claim"] == claim]
+        count = {v: sum(r["verdict"] == v for r in cells) for v in ("reproduced", "refuted", "not separated")}
+        untestable = len(cells) - sum(count.values())
+        testable = len(cells) - untestable
+        if count["reproduced"] and count["refuted"]:
+            overall = "mixed"
+        elif count["reproduced"] or count["refuted"]:
+            overall = "reproduced" if count["reproduced"] else "refuted"
+        else:
+            overall = "not separated" if count["not separated"] else "untestable here"
+        if testable:
+            overall += f" ({count['reproduced'] + count['refuted']} of {testable} testable cells decide)"
+        decided = [f"{r['task'].split('-')[0]} W={r['window']} lr={r['learning_rate']}: {r['verdict']}"
+                   for r in cells if r["verdict"] in ("reproduced", "refuted")]
+        rows.append({"claim": claim, "metric": cells[0]["metric"], "cells": len(cells), **count,
+                     "untestable": untestable, "overall": overall, "decided_cells": "; ".join(decided)})
+    return rows
+
+
+def reset_curves(scale: Scale, results: dict) -> list[dict]:
+    """Seed means per iteration of the ``ewma`` route at every reset threshold, beside
+    ``ewma_no_reset``: ρ_active and the cumulative reset count (the reset over time)."""
+    rows = []
+    for (env, window, route), data in results.items():
+        if _base_route(route) not in SLOW_REFERENCE_ROUTES:
+            continue
+        for t, threshold in enumerate(_thresholds(scale, route)):
+            for l, lr in enumerate(scale.learning_rates):
+                active = data["loss/active_token_fraction"][t, l].mean(0)
+                resets = np.cumsum(data["old_logits/reset"][t, l], axis=-1).mean(0)
+                label = threshold if _base_route(route) == "ewma" else "none"
+                rows += [{"task": env, "window": window, "ewma_beta_rule": _reference(route),
+                          "learning_rate": lr, "threshold": label,
+                          "iteration": i, "active_fraction": float(a), "cumulative_resets": float(c)}
+                         for i, (a, c) in enumerate(zip(active, resets))]
+    return rows
+
+
+def _reset_figure(scale: Scale, curve_rows: list[dict], out_dir: Path) -> None:
+    """reset.png: ρ_active and cumulative resets over iterations, one column per task, at the
+    largest W and the first learning rate, one line per threshold (and no reset), a pair of rows
+    per EWMA β rule."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    envs, window, lr = [t.env_name for t in scale.tasks], max(scale.windows), scale.learning_rates[0]
+    rules = list(dict.fromkeys(r["ewma_beta_rule"] for r in curve_rows))
+    fig, axes = plt.subplots(2 * len(rules), len(envs), figsize=(5 * len(envs), 3.5 * 2 * len(rules)),
+                             squeeze=False)
+    for i, rule in enumerate(rules):
+        for j, env in enumerate(envs):
+            top, bottom = axes[2 * i, j], axes[2 * i + 1, j]
+            for threshold in (*scale.thresholds, "none"):
+                rows = [r for r in curve_rows if r["task"] == env and r["window"] == window
+                        and r["learning_rate"] == lr and r["threshold"] == threshold
+                        and r["ewma_beta_rule"] == rule]
+                label = "no reset" if threshold == "none" else f"reset below {threshold}"
+                top.plot([r["iteration"] for r in rows], [r["active_fraction"] for r in rows], label=label)
+                bottom.plot([r["iteration"] for r in rows], [r["cumulative_resets"] for r in rows], label=label)
+            top.set_title(f"{env}, W = {window}, lr {lr}: EWMA β rule {rule}")
+            top.set_ylabel("ρ_active (seed mean)")
+            bottom.set_ylabel("resets so far (seed mean)")
+            bottom.set_xlabel("iteration (policy version)")
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "reset.png", dpi=110)
+    plt.close(fig)
 
 
 def _figure(scale: Scale, summary_rows: list[dict], out_dir: Path) -> None:
@@ -346,15 +473,17 @@ def _figure(scale: Scale, summary_rows: list[dict], out_dir: Path) -> None:
     plt.close(fig)
 
 
-def _signed(x: float) -> str:
-    return f"{x:+.3f}" if abs(x) < 2 else f"{x:+.1f}"
+def _signed(x: float, metric: str) -> str:
+    """A difference of returns to 0.1, of fractions (ρ_active, recovered fraction) to 0.001."""
+    return f"{x:+.1f}" if metric == "return" else f"{x:+.3f}"
 
 
 def _fmt(r: dict, key: str) -> str:
     return f"{r[key]:.1f} [{r[key + '_low']:.1f}, {r[key + '_high']:.1f}]"
 
 
-def _readme(scale, summary_rows, reset_rows, costs, verdict_rows, results, out_dir: Path, header: dict) -> str:
+def _readme(scale, summary_rows, reset_rows, costs, verdict_rows, claim_rows, out_dir: Path,
+            header: dict) -> str:
     seconds = sum(float(p.read_text()) for p in (out_dir / "runs").glob("*.seconds"))
     text = ["# Old-logit routes in control: learner reward under random staleness", "",
             provenance_line(header), "",
@@ -366,6 +495,15 @@ def _readme(scale, summary_rows, reset_rows, costs, verdict_rows, results, out_d
             "exp(±0.1); PPO clip 0.2 on r_s; EWMA β = W/(W + 2), reset threshold "
             f"{MAIN_THRESHOLD} in the route comparison. Scores: learner evaluation (deterministic), "
             "mean over the run's evaluations and the last one, 95% bootstrap intervals over seeds.", "",
+            "## Verdicts per claim (`claims.csv`; the cells are below)", "",
+            f"Each claim is decided per (task, W, lr) cell from seed-paired 95% intervals; a cell where "
+            f"recompute_current masks under {MIN_MASKED_FRACTION:.0%} of the samples cannot test a route "
+            "claim (nothing has collapsed there). Overall: *reproduced* / *refuted* when decided cells "
+            "agree, *mixed* when they disagree. No correction for multiple comparisons.", "",
+            "| claim | metric | cells | reproduced | refuted | not separated | untestable | overall |",
+            "|---|---|---|---|---|---|---|---|",
+            *[f"| {r['claim']} | {r['metric']} | {r['cells']} | {r['reproduced']} | {r['refuted']} | "
+              f"{r['not separated']} | {r['untestable']} | **{r['overall']}** |" for r in claim_rows], "",
             "## Routes by W (first learning rate; `summary.csv` has all)", "",
             "| task | W | route | ρ_active | mean abs log r̂_d | mean abs log π_k/π_v | clip fraction | "
             "return, mean over evals | final return |", "|---|---|---|---|---|---|---|---|---|"]
@@ -382,12 +520,17 @@ def _readme(scale, summary_rows, reset_rows, costs, verdict_rows, results, out_d
              "|---|---|---|---|---|---|---|---|"]
     text += [f"| {r['task']} | {r['window']} | {r['learning_rate']} | "
              f"{r['recompute_current_masked_fraction']:.3f} | {r['claim']} | {r['metric']} | "
-             f"{_signed(r['difference'])} [{_signed(r['low'])}, {_signed(r['high'])}] | {r['verdict']} |"
+             f"{_signed(r['difference'], r['metric'])} [{_signed(r['low'], r['metric'])}, "
+             f"{_signed(r['high'], r['metric'])}] | {r['verdict']} |"
              for r in verdict_rows]
-    text += ["", "## Auto-reset thresholds (`reset.csv`)", "",
-             "| task | W | lr | threshold | resets per run | ρ_active (mean) | ρ_active (lowest iteration) | "
-             "return, mean over evals |", "|---|---|---|---|---|---|---|---|"]
-    text += [f"| {r['task']} | {r['window']} | {r['learning_rate']} | {r['threshold']} | "
+    text += ["", "## Auto-reset thresholds (`reset.csv`; over time: `reset_over_time.csv`, `reset.png`)", "",
+             "The EWMA reference at every reset threshold and without reset (`none`), with the route "
+             "comparison's β rule `mean_age` (β = W/(W + 2), centred on the mean lag W/2)"
+             + (f" and, in the slow-reference stage, `{SLOW_REFERENCE_RULE}` (β = W/(W + 1), centre of "
+                "mass W: a reference older than most of the batch)" if scale.slow_reference else "") + ".", "",
+             "| task | W | β rule | lr | threshold | resets per run | ρ_active (mean) | ρ_active (lowest iteration) | "
+             "return, mean over evals |", "|---|---|---|---|---|---|---|---|---|"]
+    text += [f"| {r['task']} | {r['window']} | {r['ewma_beta_rule']} | {r['learning_rate']} | {r['threshold']} | "
              f"{r['resets_per_run']:.1f} | {r['active_fraction']:.3f} | {r['active_fraction_min']:.3f} | "
              f"{r['mean']:.1f} |" for r in reset_rows]
     text += ["", "## Costs (`costs.csv`)", "",
@@ -397,11 +540,16 @@ def _readme(scale, summary_rows, reset_rows, costs, verdict_rows, results, out_d
              f"{scale.num_seeds} vmapped runs × {scale.cost_iterations} iterations, after a warm-up "
              f"call, on this machine; compiling that program took "
              f"{', '.join(sorted({str(r['compile_seconds_all_routes']) for r in costs}))} s.", "",
+             "The reward columns are the same cell's (first learning rate) from the route comparison.", "",
              "| task | W | route | exact | parameter copies | forwards per iteration | "
-             "ms per run-iteration |", "|---|---|---|---|---|---|---|"]
-    text += [f"| {r['task']} | {r['window']} | {r['route']} | {r['exact']} | {r['param_copies']} | "
-             f"{r['forwards_per_iteration']:.2f} | {r['ms_per_run_iteration']:.2f} |"
-             for r in costs]
+             "ms per run-iteration | ρ_active | return, mean over evals |", "|---|---|---|---|---|---|---|---|---|"]
+    reward = {(r["task"], r["window"], r["route"]): r for r in summary_rows
+              if r["learning_rate"] == lr0 and r["threshold"] == MAIN_THRESHOLD}
+    for r in costs:
+        cell = reward.get((r["task"], r["window"], r["route"]))
+        tail = f"{cell['active_fraction']:.3f} | {_fmt(cell, 'mean')}" if cell else "— | —"
+        text.append(f"| {r['task']} | {r['window']} | {r['route']} | {r['exact']} | {r['param_copies']} | "
+                    f"{r['forwards_per_iteration']:.2f} | {r['ms_per_run_iteration']:.2f} | {tail} |")
     (out_dir / "README.md").write_text("\n".join(text) + "\n")
     return "\n".join(text)
 
@@ -417,6 +565,9 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
             for window in scale.windows:
                 cells = run_cell(scale, task, window, out_dir, seed, log)
                 results.update({(task.env_name, window, route): data for route, data in cells.items()})
+                if scale.slow_reference:
+                    cells = run_cell(scale, task, window, out_dir, seed, log, slow_reference=True)
+                    results.update({(task.env_name, window, route + SLOW): data for route, data in cells.items()})
         costs = measure_costs(scale, out_dir, seed, log)
         header = {"scale": scale_name, **provenance(started=started)}
         (out_dir / "config.json").write_text(json.dumps(

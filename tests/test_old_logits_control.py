@@ -228,21 +228,54 @@ def test_experiment_writes_every_route_verdict_and_cost(ci_run):
     module, out = ci_run
     scale = module.SCALES["ci"]
     summary = _read(out / "summary.csv")
-    routes = {r["route"] for r in summary}
-    assert routes == set(olt.BUILTIN_ROUTES)
-    assert len(summary) == (len(olt.BUILTIN_ROUTES) - 1 + len(scale.thresholds)) * len(scale.windows)
+    slow = {r + module.SLOW for r in module.SLOW_REFERENCE_ROUTES}
+    assert {r["route"] for r in summary} == set(olt.BUILTIN_ROUTES) | slow
+    per_route_set = len(olt.BUILTIN_ROUTES) - 1 + len(scale.thresholds)
+    assert len(summary) == (per_route_set + len(scale.thresholds) + 1) * len(scale.windows)
     runs = _read(out / "runs.csv")
     assert len(runs) == len(summary) * scale.num_seeds * len(scale.learning_rates)
     verdicts = _read(out / "verdicts.csv")
-    assert len(verdicts) == (len(module.CLAIMS) + 1) * len(scale.windows) * len(scale.learning_rates)
+    claims_per_cell = len(module.CLAIMS) + len(module.RECOVERY_CLAIMS)
+    assert len(verdicts) == claims_per_cell * len(scale.windows) * len(scale.learning_rates)
     assert all(v["verdict"] for v in verdicts)
+    claims = _read(out / "claims.csv")
+    assert [c["claim"] for c in claims] == list(dict.fromkeys(v["claim"] for v in verdicts))
+    for c in claims:  # every cell counted once
+        assert sum(int(c[k]) for k in ("reproduced", "refuted", "not separated", "untestable")) == int(c["cells"])
     costs = _read(out / "costs.csv")
     assert {c["route"] for c in costs} == set(olt.BUILTIN_ROUTES)
     assert all(float(c["ms_per_run_iteration"]) > 0 for c in costs)
     engine = [float(r["log_rd_abs_engine"]) for r in summary]
     assert all(abs(x / 0.02 - 1) < 0.1 for x in engine)
+    resets = _read(out / "reset.csv")
+    assert {r["ewma_beta_rule"] for r in resets} == {"mean_age", module.SLOW_REFERENCE_RULE}
+    assert all(float(r["resets_per_run"]) == 0 for r in resets if r["threshold"] == "none")
+    curves = _read(out / "reset_over_time.csv")
+    for rule in ("mean_age", module.SLOW_REFERENCE_RULE):  # cumulative resets never decrease
+        for threshold in scale.thresholds:
+            c = [float(r["cumulative_resets"]) for r in curves
+                 if r["ewma_beta_rule"] == rule and r["threshold"] == str(threshold)]
+            assert c and all(b >= a for a, b in zip(c, c[1:]))
     readme = (out / "README.md").read_text()
-    assert "## Verdicts" in readme and "## Costs" in readme and (out / "mechanism.png").exists()
+    assert "## Verdicts per claim" in readme and "## Costs" in readme
+    assert (out / "mechanism.png").exists() and (out / "reset.png").exists()
+
+
+def test_slow_reference_stage_differs_only_in_beta(ci_run):
+    """The slow-reference EWMA (no reset) runs the centred one's seeds with a larger β: at
+    iteration 0 both references are θ_0 (same ρ_active), after that they part."""
+    module, out = ci_run
+    from fresh_rl.corrections import ewma_beta_from_staleness
+    assert ewma_beta_from_staleness(4, module.SLOW_REFERENCE_RULE) > ewma_beta_from_staleness(4, "mean_age")
+    curves = _read(out / "reset_over_time.csv")
+
+    def active(rule):
+        return np.array([float(r["active_fraction"]) for r in curves
+                         if r["ewma_beta_rule"] == rule and r["threshold"] == "none"])
+
+    centred, slow = active("mean_age"), active(module.SLOW_REFERENCE_RULE)
+    assert centred.shape == slow.shape and centred[0] == slow[0]
+    assert np.any(centred[1:] != slow[1:])
 
 
 def test_experiment_resumes_from_saved_chunks(ci_run):

@@ -346,7 +346,7 @@ class OldLogitHParams:
 
     @classmethod
     def from_grid(cls, config: OldLogitTrainConfig, size: int, *, routes=None, ewma_reset_threshold=None,
-                  learning_rate=None) -> "OldLogitHParams":
+                  learning_rate=None, ewma_beta=None) -> "OldLogitHParams":
         """``[size]`` leaves: the swept values where given (``routes`` as names), the config
         defaults elsewhere."""
         base = cls.from_config(config)
@@ -361,7 +361,7 @@ class OldLogitHParams:
             return jnp.asarray([convert(v) for v in values], dtype)
 
         return cls(control=control, route=leaf(routes, base.route, jnp.int32, route_index),
-                   ewma_beta=jnp.broadcast_to(base.ewma_beta, (size,)),
+                   ewma_beta=leaf(ewma_beta, base.ewma_beta, jnp.float32),
                    ewma_reset_threshold=leaf(ewma_reset_threshold, base.ewma_reset_threshold, jnp.float32))
 
     def validate(self, config: OldLogitTrainConfig) -> None:
