@@ -34,7 +34,6 @@ against W, per route) and
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import hashlib
@@ -47,7 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
+from fresh_rl.sweep.study_cli import study_main
 from fresh_rl.control import old_logits_train as olt
 from fresh_rl.control.train import TrainConfig
 from fresh_rl.corrections import ewma_beta_from_staleness
@@ -580,15 +579,7 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--scale", choices=tuple(SCALES), default="ci")
-    parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--fresh", action="store_true", help="ignore saved chunks, recompute all")
-    add_compilation_cache_flag(parser)
-    args = parser.parse_args(argv)
-    enable_from_args(args)
-    print(run(args.scale, args.out, args.seed, args.fresh))
+    study_main(__doc__.split("\n")[0], SCALES, RESULTS, run, argv)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@
   :func:`progress_printer`.
 * :mod:`.integrity` — content checksums and the non-finite guard (:class:`NonFiniteError`).
 * :mod:`.lock` — :func:`output_lock`, one writer per output folder.
+* :mod:`.study_cli` — :func:`study_main`, the command line of the resumable study scripts
+  (``--scale``, ``--out``, ``--seed``, ``--fresh``, the compilation-cache flags).
 """
 from fresh_rl.sweep.checkpoint import CheckpointError, RunCheckpointer, RunIdentityError, progress_printer
 from fresh_rl.sweep.distributed import (DistributedSetupError, LaunchError, initialize_distributed, is_primary,

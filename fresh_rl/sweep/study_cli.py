@@ -1,0 +1,28 @@
+"""The command line shared by the resumable study scripts under ``experiments/``.
+
+``python experiments/<study>.py --scale ci|cpu|paper [--out DIR] [--seed S] [--fresh]
+[--compilation-cache …]`` runs ``run(scale_name, out_dir, seed, fresh)`` and prints the README
+it returns. Saved chunks under ``--out`` are reused unless ``--fresh``.
+"""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Sequence
+
+from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
+
+
+def study_main(description: str, scales: Mapping, default_out: Path,
+               run: Callable[[str, Path, int, bool], str], argv: Optional[Sequence[str]] = None) -> None:
+    """Parse the study flags (``--scale`` one of ``scales``, default ``"ci"``), switch on the
+    compilation cache as asked, run the study and print its README."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--scale", choices=tuple(scales), default="ci")
+    parser.add_argument("--out", type=Path, default=default_out)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fresh", action="store_true", help="ignore saved chunks, recompute all")
+    add_compilation_cache_flag(parser)
+    args = parser.parse_args(argv)
+    enable_from_args(args)
+    print(run(args.scale, args.out, args.seed, args.fresh))
