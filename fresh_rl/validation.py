@@ -8,6 +8,8 @@
   call ``err.throw()``), otherwise they are skipped and the caller applies its documented
   safe fallback. ``check_in_range`` does both for a scalar (or array) argument.
 * ``require_output_dir`` checks an output folder before any work is done.
+* ``register_entry`` adds a named entry to a registry (control methods, old-logit routes),
+  refusing a wrong type or a taken name.
 """
 
 from __future__ import annotations
@@ -138,3 +140,15 @@ def check_in_range(
         below = value <= high if high_inclusive else value < high
         check(jnp.all(above & below),
               f"{name} must be in {_interval(low, high, low_inclusive, high_inclusive)}", True)
+
+
+def register_entry(registry: dict, entry, entry_type: type, kind: str, *, replace: bool = False):
+    """Add ``entry`` (an ``entry_type`` with a ``name``) to ``registry`` under its name and
+    return it; ``ValueError`` naming the expected type, or the name when it is taken (unless
+    ``replace``). ``kind`` says what the registry holds ("method", "old-logit route")."""
+    if not isinstance(entry, entry_type):
+        raise ValueError(f"the {kind} registry takes a {entry_type.__name__}, got {type(entry).__name__}")
+    if entry.name in registry and not replace:
+        raise ValueError(f"{kind} {entry.name!r} is already registered")
+    registry[entry.name] = entry
+    return entry

@@ -367,3 +367,38 @@ def test_valid_edge_values_still_parse():
     assert cli._parse_grid(["vaco_delta=0.1,inf", "lag=0,1e1"]) == {"vaco_delta": [0.1, math.inf], "lag": [0, 10]}
     require_output_dir("--out", "relative/new/folder")  # nothing exists yet: fine, nothing created
     assert not os.path.exists("relative")
+
+
+@pytest.mark.parametrize("module, register, table, kind", [
+    ("fresh_rl.control.methods", "register_method", "METHODS", "method"),
+    ("fresh_rl.control.old_logits_train", "register_route", "ROUTES", "control old-logit route"),
+    ("fresh_rl.llm.old_logits", "register_route", "ROUTES", "old-logit route"),
+])
+def test_registries_refuse_a_wrong_type_and_a_taken_name(module, register, table, kind):
+    """Every registry goes through validation.register_entry: a wrong type names the expected
+    type, a taken name names the entry; nothing is added or replaced."""
+    import importlib
+    mod = importlib.import_module(module)
+    registry = getattr(mod, table)
+    before = dict(registry)
+    existing = next(iter(registry.values()))
+    with pytest.raises(ValueError, match=f"{kind} registry takes a {type(existing).__name__}, got str"):
+        getattr(mod, register)("not an entry")
+    with pytest.raises(ValueError, match=re.escape(f"{kind} {existing.name!r} is already registered")):
+        getattr(mod, register)(existing)
+    assert registry == before
+
+
+def test_register_entry_replaces_only_when_asked():
+    from fresh_rl.validation import register_entry
+
+    class Entry(NamedTuple):
+        name: str
+        value: int
+
+    registry = {}
+    assert register_entry(registry, Entry("a", 1), Entry, "toy") == Entry("a", 1)
+    with pytest.raises(ValueError, match="toy 'a' is already registered"):
+        register_entry(registry, Entry("a", 2), Entry, "toy")
+    register_entry(registry, Entry("a", 2), Entry, "toy", replace=True)
+    assert registry == {"a": Entry("a", 2)}

@@ -53,7 +53,7 @@ import jax.numpy as jnp
 
 from fresh_rl.control.hyperparams import HyperParams
 from fresh_rl.corrections import impala_policy_gradient_loss, ppo_clip_loss, ppo_kl_loss, spo_loss, vaco_policy_loss
-from fresh_rl.validation import require_choice, require_int
+from fresh_rl.validation import register_entry, require_choice, require_int
 
 ADVANTAGE_SOURCES: tuple[str, ...] = ("gae", "vtrace", "vtrace_per_step")
 REFERENCES: tuple[str, ...] = ("behaviour", "learner_start")
@@ -152,12 +152,7 @@ METHODS: dict[str, Method] = {}
 
 def register_method(method: Method) -> Method:
     """Add ``method`` to :data:`METHODS` (``ValueError`` if the name is taken); returns it."""
-    if not isinstance(method, Method):
-        raise ValueError(f"register_method takes a Method, got {method!r}")
-    if method.name in METHODS:
-        raise ValueError(f"method {method.name!r} is already registered")
-    METHODS[method.name] = method
-    return method
+    return register_entry(METHODS, method, Method, "method")
 
 
 def _ppo_clip(logp, mb, hparams, config):

@@ -68,7 +68,7 @@ from fresh_rl.corrections import (DecoupledPPOConfig, EWMAReference, MISConfig,
                                   linear_proximal_log_probs, loglinear_proximal_log_probs, mis_mask)
 from fresh_rl.lag import version_ring
 from fresh_rl.sweep.keys import split_run_key, step_keys
-from fresh_rl.validation import check_in_range, is_traced, require_choice, require_in_range
+from fresh_rl.validation import check_in_range, is_traced, register_entry, require_choice, require_in_range
 
 DEFAULT_MIS = MISConfig(token_bounds=(math.exp(-0.1), math.exp(0.1)))
 """Token mask exp(±0.1) on r_d (module docstring: loose for the engine, tight for staleness)."""
@@ -229,12 +229,7 @@ ROUTES: dict[str, ControlRoute] = {}
 
 def register_route(route: ControlRoute) -> ControlRoute:
     """Add ``route`` to :data:`ROUTES` (``ValueError`` if the name is taken); returns it."""
-    if not isinstance(route, ControlRoute):
-        raise ValueError(f"register_route takes a ControlRoute, got {route!r}")
-    if route.name in ROUTES:
-        raise ValueError(f"control old-logit route {route.name!r} is already registered")
-    ROUTES[route.name] = route
-    return route
+    return register_entry(ROUTES, route, ControlRoute, "control old-logit route")
 
 
 for _route in (

@@ -48,6 +48,7 @@ from fresh_rl.corrections import (EWMAReference, MISConfig, ewma_maybe_reset, fr
 from fresh_rl.lag.version_ring import VersionRing
 from fresh_rl.llm.model import Qwen2Config
 from fresh_rl.llm.sampler import token_logprobs_and_entropy
+from fresh_rl.validation import register_entry
 
 PROXIMALS = (None, "linear", "loglinear")
 
@@ -217,12 +218,7 @@ ROUTES: dict[str, OldLogitRoute] = {}
 def register_route(route: OldLogitRoute, *, replace: bool = False) -> OldLogitRoute:
     """Adds ``route`` to :data:`ROUTES` (``ValueError`` if the name is taken, unless
     ``replace``). Returns it."""
-    if not isinstance(route, OldLogitRoute):
-        raise ValueError(f"register_route needs an OldLogitRoute, got {type(route).__name__}")
-    if route.name in ROUTES and not replace:
-        raise ValueError(f"old-logit route {route.name!r} is already registered")
-    ROUTES[route.name] = route
-    return route
+    return register_entry(ROUTES, route, OldLogitRoute, "old-logit route", replace=replace)
 
 
 def unregister_route(name: str) -> None:
