@@ -36,11 +36,11 @@ from pathlib import Path
 
 import numpy as np
 
-from fresh_rl.sweep.study_cli import study_main
 from fresh_rl.eval import paired_claim, seed_interval
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
 from fresh_rl.replay.methods import REPLAY_METHODS as METHODS
 from fresh_rl.sweep import RunCheckpointer, output_lock, product_grid, run_sharded
+from fresh_rl.sweep.study_cli import study_main
 from fresh_rl.lag import fit_ess_time_constant
 from fresh_rl.tabular_bandit import BedConfig, method_hparams, stack_hparams, train
 

@@ -53,7 +53,6 @@ from pathlib import Path
 
 import numpy as np
 
-from fresh_rl.sweep.study_cli import study_main
 from fresh_rl.control import replay_train
 from fresh_rl.control.train import TrainConfig
 from fresh_rl.eval import paired_claim, seed_interval
@@ -61,6 +60,7 @@ from fresh_rl.lag import fit_ess_time_constant
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
 from fresh_rl.replay.methods import REPLAY_METHODS, replay_hparams
 from fresh_rl.sweep import RunCheckpointer, output_lock, product_grid, run_sharded
+from fresh_rl.sweep.study_cli import study_main
 
 RESULTS = REPOSITORY_ROOT / "results" / "freshper_control"
 OPTIMIZER_CONTROLS = ("uniform", "per_given", "freshper_1")  # also run with separate Adam / SGD

@@ -14,8 +14,8 @@ Per (task, W): one vmapped program over every route × lr × seed (× reset thre
 ``ewma``; the route is a traced hyperparameter), run by ``fresh_rl.sweep.run_sharded`` in chunks
 saved as they finish (a rerun skips them). A slow-reference stage reruns the two EWMA routes with
 β = W/(W + 1) (a reference older than most of the batch, where a reset has something to fix)
-on the same program and seeds. Then a cost stage times every route on the first task
-at the smallest and largest W, from one program per W whose route is an unbatched argument
+on the same program and seeds. Then a cost stage times every route on the first task at each
+W of the scale's ``cost_windows``, from one program per W whose route is an unbatched argument
 (a real branch: each call runs only its own route).
 
 Outputs (``results/old_logits_control/``): ``runs.csv`` (one row per run), ``summary.csv`` (per
@@ -23,9 +23,9 @@ task, W, route, threshold, lr: scores with 95% intervals, ρ_active, |log r̂_d|
 fraction, resets), ``active_fraction.csv`` (ρ_active per iteration), ``reset.csv``,
 ``reset_over_time.csv`` and ``reset.png`` (EWMA ρ_active and cumulative resets per iteration at
 every threshold), ``costs.csv`` (parameter copies, forwards per iteration, compile and run
-seconds), ``verdicts.csv`` (per cell), ``claims.csv`` (per claim over cells), ``mechanism.png`` (ρ_active, the route's |log r̂_d| and the learner return
-against W, per route) and
-``README.md`` with the verdicts computed from these numbers.
+seconds), ``verdicts.csv`` (per cell), ``claims.csv`` (per claim over cells), ``mechanism.png``
+(ρ_active, the route's |log r̂_d| and the learner return against W, per route) and ``README.md``
+with the verdicts computed from these numbers.
 
     python experiments/old_logits_control.py --scale ci     # the tests
     python experiments/old_logits_control.py --scale quick  # the quickstart: W = 1 and 16, ~1.5 min
@@ -46,7 +46,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fresh_rl.sweep.study_cli import study_main
 from fresh_rl.control import old_logits_train as olt
 from fresh_rl.control.train import TrainConfig
 from fresh_rl.corrections import ewma_beta_from_staleness
@@ -55,6 +54,7 @@ from fresh_rl.lag import DelayConfig
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
 from fresh_rl.sweep import RunCheckpointer, output_lock, run_sharded
 from fresh_rl.sweep.keys import seed_keys
+from fresh_rl.sweep.study_cli import study_main
 
 RESULTS = REPOSITORY_ROOT / "results" / "old_logits_control"
 MAIN_THRESHOLD = 0.9  # the EWMA reset threshold of the route comparison (the library default)
@@ -106,6 +106,13 @@ def route_config(task: TrainConfig, window: int, iterations=None) -> olt.OldLogi
     return olt.OldLogitTrainConfig(train=train)
 
 
+SLOW_REFERENCE_RULE = "centre_of_mass"
+"""β rule of the slow-reference reset stage: β = W/(W + 1), centre of mass W, twice the mean lag
+W/2 of U{0, …, W} (the library's default rule). The route comparison uses ``"mean_age"``
+(β = W/(W + 2)), centred on the batch's mean version, where a reset to θ_k has nothing to fix;
+with the slow reference θ_ref is older than most of the batch, the case a reset is meant for."""
+EWMA_ROUTES = ("ewma", "ewma_no_reset")
+"""The EWMA routes: rerun by the slow-reference stage, listed in the reset tables."""
 SLOW = "@slow"
 """Suffix of a route's name in the results of the slow-reference stage (``ewma@slow``)."""
 
@@ -122,13 +129,6 @@ def _reference(route: str) -> str:
 def _thresholds(scale: Scale, route: str) -> tuple[float, ...]:
     return scale.thresholds if _base_route(route) == "ewma" else (MAIN_THRESHOLD,)
 
-
-SLOW_REFERENCE_RULE = "centre_of_mass"
-"""β rule of the slow-reference reset stage: β = W/(W + 1), centre of mass W, twice the mean lag
-W/2 of U{0, …, W} (the library's default rule). The route comparison uses ``"mean_age"``
-(β = W/(W + 2)), centred on the batch's mean version, where a reset to θ_k has nothing to fix;
-with the slow reference θ_ref is older than most of the batch, the case a reset is meant for."""
-SLOW_REFERENCE_ROUTES = ("ewma", "ewma_no_reset")
 
 
 def cell_rows(scale: Scale, seed: int, routes=olt.BUILTIN_ROUTES) -> list[dict]:
@@ -150,7 +150,7 @@ def run_cell(scale: Scale, task: TrainConfig, window: int, out_dir: Path, seed: 
     seeds, …]}``, chunks of seeds × lrs saved as they finish. ``slow_reference``: only the EWMA
     routes, with β from ``SLOW_REFERENCE_RULE`` (the reset stage; the same compiled program)."""
     config = route_config(task, window)
-    routes = SLOW_REFERENCE_ROUTES if slow_reference else olt.BUILTIN_ROUTES
+    routes = EWMA_ROUTES if slow_reference else olt.BUILTIN_ROUTES
     rows = cell_rows(scale, seed, routes)
     beta = ewma_beta_from_staleness(window, SLOW_REFERENCE_RULE) if slow_reference else None
     hp = olt.OldLogitHParams.from_grid(config, len(rows), routes=[r["route"] for r in rows],
@@ -259,7 +259,7 @@ def summarize(scale: Scale, results: dict, costs: list[dict], out_dir: Path, hea
                     active = d["loss/active_token_fraction"].mean(0)
                     curve_rows += [{"task": env, "window": window, "route": route, "iteration": i,
                                     "active_fraction": float(a)} for i, a in enumerate(active)]
-                if _base_route(route) in SLOW_REFERENCE_ROUTES:
+                if _base_route(route) in EWMA_ROUTES:
                     reset_rows.append({"task": env, "window": window, "ewma_beta_rule": _reference(route),
                                        "threshold": threshold if _base_route(route) == "ewma" else "none",
                                        "learning_rate": lr, "resets_per_run": summary_rows[-1]["resets_per_run"],
@@ -343,7 +343,8 @@ def _verdicts(scale: Scale, results: dict) -> list[dict]:
                         continue  # a stage this scale does not run
                     sa, sb = _metric(get(a), metric), _metric(get(b), metric)
                     row = paired_claim(sa, sb, a_better)
-                    gap = row if claim.startswith("mask collapse") else gap
+                    if (a, b, metric) == ("snapshot", "recompute_current", "return"):
+                        gap = row  # the exact route's gain the recovery claims divide by
                     if collapse < MIN_MASKED_FRACTION:
                         row["verdict"] = f"untestable here (recompute_current masks {collapse:.3f})"
                     rows.append({**base, "claim": claim, "a": a, "b": b, "metric": metric,
@@ -395,7 +396,7 @@ def reset_curves(scale: Scale, results: dict) -> list[dict]:
     ``ewma_no_reset``: ρ_active and the cumulative reset count (the reset over time)."""
     rows = []
     for (env, window, route), data in results.items():
-        if _base_route(route) not in SLOW_REFERENCE_ROUTES:
+        if _base_route(route) not in EWMA_ROUTES:
             continue
         for t, threshold in enumerate(_thresholds(scale, route)):
             for l, lr in enumerate(scale.learning_rates):

@@ -113,7 +113,7 @@ def render_readme(out: Path) -> str:
              f"Made by `python experiments/quickstart.py` at commit {commit} on {machine_description()}; "
              f"total wall time {total:.0f} s (compilation cache: {latest[0]['cache']}). Each part's folder "
              "holds its figures, CSVs and summary; the committed full-scale results are in results/freshper, "
-             "results/vaco and results/old_logits. Compiling = tracing, lowering, XLA compilation and "
+             "results/vaco and results/old_logits_control. Compiling = tracing, lowering, XLA compilation and "
              "loading programs from the persistent cache (`fresh_rl.compilation_cache.CompileMeter`).", "",
              "| part | what | command | wall time | compiling | running |", "|---|---|---|---|---|---|"]
     lines += [f"| `{r['part']}/` | {parts[r['part']][0]} | `{parts[r['part']][1]}` | "

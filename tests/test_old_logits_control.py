@@ -11,7 +11,7 @@ from scipy import stats
 from fresh_rl.control import networks
 from fresh_rl.control import old_logits_train as olt
 from fresh_rl.control.train import TrainConfig, _rollout, init_state
-from fresh_rl.corrections import MISConfig
+from fresh_rl.corrections import MISConfig, ewma_beta_from_staleness
 from fresh_rl.lag import DelayConfig, version_ring
 
 WINDOW = 4
@@ -228,7 +228,7 @@ def test_experiment_writes_every_route_verdict_and_cost(ci_run):
     module, out = ci_run
     scale = module.SCALES["ci"]
     summary = _read(out / "summary.csv")
-    slow = {r + module.SLOW for r in module.SLOW_REFERENCE_ROUTES}
+    slow = {r + module.SLOW for r in module.EWMA_ROUTES}
     assert {r["route"] for r in summary} == set(olt.BUILTIN_ROUTES) | slow
     per_route_set = len(olt.BUILTIN_ROUTES) - 1 + len(scale.thresholds)
     assert len(summary) == (per_route_set + len(scale.thresholds) + 1) * len(scale.windows)
@@ -265,7 +265,6 @@ def test_slow_reference_stage_differs_only_in_beta(ci_run):
     """The slow-reference EWMA (no reset) runs the centred one's seeds with a larger β: at
     iteration 0 both references are θ_0 (same ρ_active), after that they part."""
     module, out = ci_run
-    from fresh_rl.corrections import ewma_beta_from_staleness
     assert ewma_beta_from_staleness(4, module.SLOW_REFERENCE_RULE) > ewma_beta_from_staleness(4, "mean_age")
     curves = _read(out / "reset_over_time.csv")
 
