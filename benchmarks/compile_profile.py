@@ -30,8 +30,6 @@ import json
 import re
 import statistics
 import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -115,20 +113,6 @@ def measure(repeats: int, parts: bool) -> list[dict]:
     return rows
 
 
-def measure_revision(revision: str, repeats: int, parts: bool) -> list[dict]:
-    """:func:`measure` in a child process importing the package as it was at ``revision``."""
-    root = OUT.parents[1]
-    with tempfile.TemporaryDirectory() as tmp:
-        archive = subprocess.run(["git", "archive", revision, "fresh_rl"], cwd=root, capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
-        child = subprocess.run([sys.executable, __file__, "--measure", "--repeats", str(repeats),
-                                *(["--parts"] if parts else [])], capture_output=True, text=True,
-                               env={**os.environ, "PYTHONPATH": tmp}, cwd=tmp)
-    if child.returncode:
-        raise SystemExit(f"measuring {revision} failed:\n{child.stderr[-3000:]}")
-    return [json.loads(line) for line in child.stdout.splitlines() if line.startswith("{")]
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--label", help="row label, e.g. before / after")
@@ -142,7 +126,7 @@ def main(argv=None):
         return
     if not args.label:
         parser.error("--label is required")
-    from fresh_rl.provenance import git_commit, write_csv  # not in every revision --revision measures
+    from fresh_rl.provenance import git_commit, measure_at_revision, write_csv  # not in every revision --revision measures
 
     csv_path = OUT / "compile_profile.csv"
     rows = []
@@ -150,7 +134,8 @@ def main(argv=None):
         with open(csv_path, newline="") as f:
             rows = [r for r in csv.DictReader(f) if r["label"] != args.label]
     if args.revision:
-        measured = measure_revision(args.revision, args.repeats, args.parts)
+        measured = measure_at_revision(__file__, args.revision,
+                                       ["--repeats", str(args.repeats), *(["--parts"] if args.parts else [])])
         commit = subprocess.run(["git", "rev-parse", "--short", args.revision], cwd=OUT.parents[1],
                                 capture_output=True, text=True).stdout.strip()
     else:

@@ -7,11 +7,13 @@ tree had uncommitted edits), the machine and the wall time.
 from __future__ import annotations
 
 import csv
+import json
 import os
 import platform
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Iterable, Mapping, Optional, Sequence
@@ -35,6 +37,23 @@ def git_commit(short: bool = True) -> str:
         return "unknown"
     dirty = git("status", "--porcelain", "--untracked-files=no")
     return head + ("+dirty" if dirty else "")
+
+
+def measure_at_revision(script, revision: str, args: Sequence[str] = ()) -> list[dict]:
+    """Runs ``python script --measure *args`` in a child process that imports ``fresh_rl`` as
+    it was at git ``revision`` (``git archive`` into a temporary folder on ``PYTHONPATH``) and
+    returns the JSON objects the child printed one per line: a benchmark's before and after,
+    measured by one script on one machine. ``SystemExit`` with the child's stderr on failure."""
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "archive", revision, "fresh_rl"], cwd=REPOSITORY_ROOT,
+                                 capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+        child = subprocess.run([sys.executable, str(script), "--measure", *args],
+                               capture_output=True, text=True,
+                               env={**os.environ, "PYTHONPATH": tmp}, cwd=tmp)
+    if child.returncode:
+        raise SystemExit(f"measuring {revision} failed:\n{child.stderr[-3000:]}")
+    return [json.loads(line) for line in child.stdout.splitlines() if line.startswith("{")]
 
 
 def machine_description() -> str:

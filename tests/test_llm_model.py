@@ -101,3 +101,98 @@ def test_padding_does_not_change_valid_logits():
     positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
     padded, _ = model.apply({"params": params}, padded_tokens, positions, mask)
     np.testing.assert_allclose(padded[:, 3:], plain, atol=1e-5)
+
+
+def _small(num_layers):
+    return Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=32,
+                       num_hidden_layers=num_layers, num_attention_heads=2,
+                       num_key_value_heads=1, max_position_embeddings=16)
+
+
+def test_program_size_does_not_grow_with_depth():
+    """One scanned layer: the lowered forward + gradient has the same number of lines for 2 and
+    8 layers (the unrolled model grew by one layer body per layer)."""
+    def lowered_lines(config):
+        tokens = jnp.zeros((2, 6), jnp.int32)
+        mask = jnp.ones((2, 6), bool)
+
+        def loss(params):
+            logits, _ = Qwen2LM(config).apply({"params": params}, tokens,
+                                              jnp.arange(6)[None].repeat(2, 0), mask)
+            return jnp.sum(logits)
+
+        params = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0)))
+        return jax.jit(jax.grad(loss)).lower(params).as_text().count("\n")
+
+    assert lowered_lines(_small(2)) == lowered_lines(_small(8))
+
+
+def test_scanned_and_remat_model_equals_the_unrolled_layers():
+    """The scanned model (with and without remat) against the layers applied one by one in
+    Python from the stacked parameters: logits and every parameter gradient."""
+    from fresh_rl.llm.model import DecoderLayer, RMSNorm, rope_cos_sin
+    config = _small(3)
+    params = init_params(config, jax.random.PRNGKey(0))
+    assert jax.tree_util.tree_leaves(params["layers"])[0].shape[0] == 3
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 5), 0, 32)
+    positions = jnp.arange(5)[None].repeat(2, 0)
+    mask = jnp.arange(5)[None] >= jnp.array([0, 2])[:, None]
+
+    def unrolled(params):
+        embedding = params["embed_tokens"]["embedding"]
+        x = embedding[tokens]
+        cos, sin = rope_cos_sin(positions, config.head_dim, config.rope_theta)
+        for i in range(config.num_hidden_layers):
+            layer = jax.tree_util.tree_map(lambda p: p[i], params["layers"])
+            x, _ = DecoderLayer(config).apply({"params": layer}, x, cos, sin, mask)
+        return RMSNorm(config.rms_norm_eps).apply({"params": params["norm"]}, x) @ embedding.T
+
+    def scanned(params, remat):
+        return Qwen2LM(config, remat=remat).apply({"params": params}, tokens, positions,
+                                                  mask)[0]
+
+    reference = unrolled(params)
+    reference_grads = jax.grad(lambda p: jnp.sum(jnp.sin(unrolled(p))))(params)
+    for remat in (False, True):
+        np.testing.assert_allclose(scanned(params, remat), reference, rtol=1e-5, atol=1e-6)
+        grads = jax.grad(lambda p: jnp.sum(jnp.sin(scanned(p, remat))))(params)
+        for a, b in zip(jax.tree_util.tree_leaves(grads),
+                        jax.tree_util.tree_leaves(reference_grads)):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_head_options_keep_the_logits():
+    config = _small(3)
+    params = init_params(config, jax.random.PRNGKey(0))
+    tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 5), 0, 32)
+    positions, mask = jnp.arange(5)[None].repeat(2, 0), jnp.ones((2, 5), bool)
+    model = Qwen2LM(config)
+    every, _ = model.apply({"params": params}, tokens, positions, mask)
+    last, _ = model.apply({"params": params}, tokens, positions, mask, logits_for="last")
+    hidden, _ = model.apply({"params": params}, tokens, positions, mask, logits_for="none")
+    np.testing.assert_allclose(last, every[:, -1:], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(model.apply({"params": params}, hidden, method=Qwen2LM.logits),
+                               every, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="logits_for must be"):
+        model.apply({"params": params}, tokens, positions, mask, logits_for="first")
+
+
+def test_per_layer_checkpoints_restore_into_the_scanned_layout(tmp_path):
+    """A parameter checkpoint in the per-layer layout of earlier versions (layers_{i}) restores,
+    checksum verified, as the stacked layout; stack/unstack are inverse."""
+    from fresh_rl.llm.model import stack_layers, unstack_layers
+    from fresh_rl.llm.warm_start import restore_params, save_params
+    config = _small(3)
+    params = init_params(config, jax.random.PRNGKey(0))
+    per_layer = unstack_layers(params)
+    assert sorted(k for k in per_layer if k.startswith("layers")) == ["layers_0", "layers_1",
+                                                                       "layers_2"]
+    jax.tree_util.tree_map(np.testing.assert_array_equal, stack_layers(per_layer), params)
+    save_params(str(tmp_path / "old"), per_layer)
+    jax.tree_util.tree_map(np.testing.assert_array_equal,
+                           restore_params(str(tmp_path / "old"), config), params)
+    save_params(str(tmp_path / "new"), params)
+    jax.tree_util.tree_map(np.testing.assert_array_equal,
+                           restore_params(str(tmp_path / "new"), config), params)
+    with pytest.raises(ValueError, match="layers_0 … layers_"):
+        stack_layers({"layers_0": per_layer["layers_0"], "layers_2": per_layer["layers_2"]})

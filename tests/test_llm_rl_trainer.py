@@ -17,7 +17,8 @@ from fresh_rl.llm.rollout import expert_policy, run_episodes
 from fresh_rl.llm.sampler import token_logprobs_and_entropy
 from fresh_rl.llm.tasks import ArithmeticTask, FrozenLakeTask
 from fresh_rl.llm.trainer import (Batch, RLConfig, group_prompt_match, group_reset_keys,
-                                  init_train_state, prompt_pool_keys, train_loop, update)
+                                  init_train_state, policy_loss, prompt_pool_keys, train_loop,
+                                  update)
 from fresh_rl.llm.warm_start import restore_params
 
 MODEL = preset("tiny")
@@ -73,6 +74,7 @@ def _leaves(tree):
     (dict(tis_cap=-1.0), "tis_cap"),
     (dict(num_groups=4, prompt_pool=3), "RLConfig.prompt_pool"),
     (dict(prompt_pool=-1), "RLConfig.prompt_pool"),
+    (dict(logprob_chunk_tokens=0), "RLConfig.logprob_chunk_tokens"),
 ])
 def test_config_validation_names_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
@@ -208,6 +210,19 @@ def test_decoupled_with_old_equal_sampler_equals_ppo_clip(params, expert_batch):
     # the comparison is not vacuous: the update moved the parameters
     assert any(not np.array_equal(a, b)
                for a, b in zip(_leaves(state.params), _leaves(new_p.params)))
+
+
+def test_remat_and_a_chunked_head_give_the_same_update(params, expert_batch):
+    """RLConfig.remat and a small RLConfig.logprob_chunk_tokens change memory, not the step."""
+    _, batch = expert_batch
+    lean = dataclasses.replace(CONFIG, remat=True, logprob_chunk_tokens=37)
+    grad = jax.jit(jax.grad(lambda p, config: policy_loss(p, batch, config=config,
+                                                          model_config=MODEL)[0]),
+                   static_argnums=1)
+    plain, chunked = grad(params, CONFIG), grad(params, lean)
+    assert max(np.abs(g).max() for g in _leaves(plain)) > 1e-3  # not a vanishing gradient
+    for a, b in zip(_leaves(plain), _leaves(chunked)):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
 
 
 # --------------------------------------------------------------------------- short RL run

@@ -15,8 +15,9 @@ CONFIG = dataclasses.replace(preset("tiny"), num_hidden_layers=2, hidden_size=64
                              intermediate_size=128)
 B, P, N = 4, 8, 16
 # Random weights scaled x3 so that next-token distributions are peaked (no near-ties).
-PARAMS = jax.tree_util.tree_map(lambda p: 3 * p if p.ndim == 2 else p,
-                                init_params(CONFIG, jax.random.PRNGKey(0)))
+PARAMS = jax.tree_util.tree_map_with_path(
+    lambda path, p: 3 * p if path[-1].key in ("kernel", "embedding") else p,
+    init_params(CONFIG, jax.random.PRNGKey(0)))
 PROMPT = jax.random.randint(jax.random.PRNGKey(1), (B, P), 3, CONFIG.vocab_size)
 PROMPT_MASK = (jnp.arange(P)[None] >= jnp.array([0, 3, 5, 7])[:, None])
 TRAIN_FORWARD = jax.jit(token_logprobs_and_entropy, static_argnums=(1,),
@@ -126,3 +127,26 @@ def test_bad_inputs_name_the_problem():
         SamplingConfig(max_new_tokens=4, top_p=0.0)
     with pytest.raises(ValueError, match="max_new_tokens"):
         SamplingConfig(max_new_tokens=0)
+
+
+@pytest.mark.parametrize("chunk_tokens", [1, 7, 32])
+def test_chunked_head_equals_one_piece_in_value_and_gradient(chunk_tokens):
+    """The LM head in chunks of ``chunk_tokens`` (padded last chunk, rematerialised) gives the
+    one-piece log-probs, entropies and parameter gradients."""
+    tokens = jax.random.randint(jax.random.PRNGKey(8), (3, 12), 3, CONFIG.vocab_size)
+    mask = jnp.arange(12)[None] >= jnp.array([0, 2, 5])[:, None]
+
+    def loss(params, chunk):
+        logp, entropy = token_logprobs_and_entropy(params, CONFIG, tokens, mask,
+                                                   temperature=0.8, chunk_tokens=chunk)
+        return jnp.sum(logp) + 0.1 * jnp.sum(entropy), (logp, entropy)
+
+    (value, (logp, ent)), grads = jax.value_and_grad(loss, has_aux=True)(PARAMS, 10_000)
+    (value_c, (logp_c, ent_c)), grads_c = jax.value_and_grad(loss, has_aux=True)(PARAMS,
+                                                                              chunk_tokens)
+    np.testing.assert_allclose(logp_c, logp, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ent_c, ent, rtol=1e-5, atol=1e-5)
+    for a, b in zip(jax.tree_util.tree_leaves(grads_c), jax.tree_util.tree_leaves(grads)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="chunk_tokens must be an integer >= 1"):
+        token_logprobs_and_entropy(PARAMS, CONFIG, tokens, mask, chunk_tokens=0)

@@ -16,6 +16,8 @@ Name mapping (HF -> ours; HF Linear weights are `[out, in]`, Flax Dense kernels 
   model.layers.{i}.mlp.{gate,up,down}_proj.weight -> layers_{i}/mlp/{...}_proj/kernel
   model.layers.{i}.{input,post_attention}_layernorm.weight -> layers_{i}/{...}/weight
   model.norm.weight -> norm/weight;  lm_head.weight -> lm_head/kernel (absent when tied)
+The per-layer ``layers_{i}`` parameters are then stacked into the scanned ``layers`` layout
+(:func:`fresh_rl.llm.model.stack_layers`); export unstacks them.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import jax
 import ml_dtypes
 import numpy as np
 
-from fresh_rl.llm.model import Qwen2Config, init_params
+from fresh_rl.llm.model import Qwen2Config, init_params, stack_layers, unstack_layers
 from fresh_rl.sweep.checkpoint import CheckpointError
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
@@ -190,9 +192,17 @@ def _hf_to_ours(config: Qwen2Config) -> dict[str, tuple[tuple[str, ...], bool]]:
 
 
 def _expected_shapes(config: Qwen2Config) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """Shape of every parameter in the per-layer (``layers_{i}``) layout."""
     shapes = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0)))
-    flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
-    return {tuple(k.key for k in path): tuple(leaf.shape) for path, leaf in flat}
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(shapes)[0]:
+        keys = tuple(k.key for k in path)
+        if keys[0] == "layers":
+            for i in range(config.num_hidden_layers):
+                out[(f"layers_{i}", *keys[1:])] = tuple(leaf.shape[1:])
+        else:
+            out[keys] = tuple(leaf.shape)
+    return out
 
 
 def params_from_hf_tensors(tensors: dict[str, np.ndarray], config: Qwen2Config,
@@ -223,12 +233,12 @@ def params_from_hf_tensors(tensors: dict[str, np.ndarray], config: Qwen2Config,
         for key in path[:-1]:
             node = node.setdefault(key, {})
         node[path[-1]] = array.astype(dtype)
-    return params
+    return stack_layers(params)
 
 
 def params_to_hf_tensors(params: dict, config: Qwen2Config) -> dict[str, np.ndarray]:
     """Inverse of `params_from_hf_tensors` (exports our parameters under HF names)."""
-    out = {}
+    out, params = {}, unstack_layers(params)
     for hf_name, (path, transpose) in _hf_to_ours(config).items():
         node = params
         for key in path:

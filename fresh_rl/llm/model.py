@@ -9,6 +9,13 @@ Attention works in "cache slots": the keys of a call are either the tokens of th
 writes its tokens at `cache_index`. A query at slot q sees key slot s iff `s <= q` and the key
 slot is valid (`kv_valid[b, s]`), so left-padded prompts and per-row lengths are explicit masks.
 Positions (for RoPE) are passed explicitly, per row.
+
+Layers are one ``nn.scan`` over a single decoder layer: the parameters of all L layers are
+stacked under ``params["layers"]`` with a leading axis of length L (``stack_layers`` /
+``unstack_layers`` convert from and to the per-layer ``layers_{i}`` layout of earlier versions
+and of Hugging Face checkpoints), so a program holds one copy of the layer, and its trace and
+compile time do not grow with depth. ``remat=True`` rematerialises each layer's activations in
+the backward pass (memory O(1) layers instead of O(L), one extra forward).
 """
 from __future__ import annotations
 
@@ -20,6 +27,7 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # Finite "minus infinity" so that a fully masked row gives a uniform (not NaN) softmax.
 _MASK_VALUE = -1e30
@@ -204,45 +212,85 @@ class DecoderLayer(nn.Module):
         x = x + attn_out
         x = x + MLP(self.config, self.dtype, name="mlp")(
             RMSNorm(eps, self.dtype, name="post_attention_layernorm")(x))
-        return x, new_kv
+        return x, (new_kv if cache_kv is not None else None)
 
 
 class Qwen2LM(nn.Module):
     """Causal LM. Parameters are float32; `dtype` is the compute dtype (bfloat16 for sampling).
 
-    __call__(tokens [B,T], positions [B,T], kv_valid [B,S], cache: KVCache|None, cache_index)
-      -> (logits [B,T,V] float32, new cache or None).
+    __call__(tokens [B,T], positions [B,T], kv_valid [B,S], cache: KVCache|None, cache_index,
+             logits_for) -> (out, new cache or None), ``out`` by ``logits_for``:
+      "all": logits ``[B,T,V]`` float32; "last": logits of the last position only ``[B,1,V]``
+      (a prefill needs no more, and skips the ``[B,T,V]`` head); "none": the final normed
+      hidden states ``[B,T,H]`` in ``dtype`` (apply the head with :meth:`logits`, e.g. in
+      sequence chunks).
     Without a cache, S == T and kv_valid marks the valid (non-pad) tokens.
     """
 
     config: Qwen2Config
     dtype: Any = jnp.float32
+    remat: bool = False
 
-    @nn.compact
+    def setup(self):
+        cfg = self.config
+        self.embed_tokens = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype,
+                                     param_dtype=jnp.float32,
+                                     embedding_init=nn.initializers.normal(0.02))
+        layer = nn.remat(DecoderLayer) if self.remat else DecoderLayer
+        # carry x; broadcast cos, sin, kv_valid, cache_index; scan over the per-layer cache
+        self.layers = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
+                              in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0,
+                                       nn.broadcast),
+                              length=cfg.num_hidden_layers)(cfg, self.dtype)
+        self.norm = RMSNorm(cfg.rms_norm_eps, self.dtype)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _dense(cfg.vocab_size, False, self.dtype, None)
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """LM head on final hidden states ``[..., H]`` → float32 logits ``[..., V]``."""
+        if self.config.tie_word_embeddings:
+            return self.embed_tokens.attend(hidden).astype(jnp.float32)
+        return self.lm_head(hidden).astype(jnp.float32)
+
     def __call__(self, tokens, positions, kv_valid, cache: KVCache | None = None,
-                 cache_index=0):
+                 cache_index=0, logits_for: str = "all"):
         cfg = self.config
         chex.assert_rank([tokens, positions, kv_valid], 2)
         chex.assert_equal_shape([tokens, positions])
-        embed = nn.Embed(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype,
-                         param_dtype=jnp.float32, embedding_init=nn.initializers.normal(0.02),
-                         name="embed_tokens")
-        x = embed(tokens)
+        if logits_for not in ("all", "last", "none"):
+            raise ValueError(f"logits_for must be 'all', 'last' or 'none', got {logits_for!r}")
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
-        new_keys, new_values = [], []
-        for i in range(cfg.num_hidden_layers):
-            layer_kv = None if cache is None else (cache.keys[i], cache.values[i])
-            x, (k, v) = DecoderLayer(cfg, self.dtype, name=f"layers_{i}")(
-                x, cos, sin, kv_valid, layer_kv, cache_index)
-            new_keys.append(k)
-            new_values.append(v)
-        x = RMSNorm(cfg.rms_norm_eps, self.dtype, name="norm")(x)
-        if cfg.tie_word_embeddings:
-            logits = embed.attend(x)
-        else:
-            logits = _dense(cfg.vocab_size, False, self.dtype, "lm_head")(x)
-        new_cache = None if cache is None else KVCache(jnp.stack(new_keys), jnp.stack(new_values))
-        return logits.astype(jnp.float32), new_cache
+        layer_kv = None if cache is None else (cache.keys, cache.values)
+        x, new_kv = self.layers(self.embed_tokens(tokens), cos, sin, kv_valid, layer_kv,
+                                cache_index)
+        if logits_for == "last":
+            x = x[:, -1:]
+        x = self.norm(x)
+        new_cache = None if cache is None else KVCache(*new_kv)
+        return (x if logits_for == "none" else self.logits(x)), new_cache
+
+
+def stack_layers(params) -> dict:
+    """Per-layer layout ``{"layers_0": p_0, …, "layers_{L−1}": p_{L−1}, …}`` → the scanned
+    layout ``{"layers": stack(p_0 … p_{L−1}), …}`` (leading axis L on every layer leaf)."""
+    names = sorted((k for k in params if k.startswith("layers_")), key=lambda k: int(k[7:]))
+    if not names:
+        return dict(params)
+    if names != [f"layers_{i}" for i in range(len(names))]:
+        raise ValueError(f"layer parameters must be layers_0 … layers_{{L-1}}, got {names}")
+    out = {k: v for k, v in params.items() if not k.startswith("layers_")}
+    stack = lambda *xs: np.stack(xs) if isinstance(xs[0], np.ndarray) else jnp.stack(xs)  # noqa: E731
+    out["layers"] = jax.tree_util.tree_map(stack, *[params[n] for n in names])
+    return out
+
+
+def unstack_layers(params) -> dict:
+    """Inverse of :func:`stack_layers`: the scanned layout → ``layers_{i}`` per layer."""
+    out = {k: v for k, v in params.items() if k != "layers"}
+    depth = jax.tree_util.tree_leaves(params["layers"])[0].shape[0]
+    for i in range(depth):
+        out[f"layers_{i}"] = jax.tree_util.tree_map(lambda x, i=i: x[i], params["layers"])
+    return out
 
 
 def init_params(config: Qwen2Config, key: jax.Array):

@@ -43,7 +43,7 @@ from fresh_rl.corrections import (DecoupledPPOConfig, MISConfig, PPOClipConfig,
 from fresh_rl.llm import advantages as adv_lib
 from fresh_rl.llm.model import Qwen2Config
 from fresh_rl.llm.rollout import Episodes, model_policy, run_episodes
-from fresh_rl.llm.sampler import SamplingConfig, token_logprobs_and_entropy
+from fresh_rl.llm.sampler import LOGPROB_CHUNK_TOKENS, SamplingConfig, token_logprobs_and_entropy
 from fresh_rl.llm.tasks import text
 from fresh_rl.sweep.keys import seed_key, seed_keys, split_run_key
 from fresh_rl.sweep.loop import run_loop
@@ -88,6 +88,10 @@ class RLConfig:
         generator); P > 0 draws each batch's ``num_groups`` distinct prompts from a fixed
         training set of P prompts, as LLM RL iterates over a prompt dataset.
       prompt_pool_seed: the seed of that training set (:func:`prompt_pool_keys`).
+      remat: rematerialise each decoder layer in the backward pass of the update (memory of
+        one layer's activations instead of all L, one extra forward; same gradients).
+      logprob_chunk_tokens: (row, position) pairs per chunk of the fp32 forward's LM head
+        (:func:`fresh_rl.llm.sampler.token_logprobs_and_entropy`; no ``[B, T, V]`` array).
     """
 
     estimator: str = "grpo"
@@ -113,13 +117,15 @@ class RLConfig:
     gamma: float = 1.0
     prompt_pool: int = 0
     prompt_pool_seed: int = 0
+    remat: bool = False
+    logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS
 
     def __post_init__(self):
         require_choice("RLConfig.estimator", self.estimator, ESTIMATORS)
         require_choice("RLConfig.loss", self.loss, LOSSES)
         require_choice("RLConfig.reinforce_pp_grouping", self.reinforce_pp_grouping,
                        ("batch", "group"))
-        for name in ("num_groups", "group_size", "epochs", "minibatches"):
+        for name in ("num_groups", "group_size", "epochs", "minibatches", "logprob_chunk_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"RLConfig.{name} must be an integer >= 1, got {value!r}")
@@ -273,9 +279,9 @@ def prepare_batch(params, episodes: Episodes, *, config: RLConfig,
     """The advantages of ``episodes`` and their old log-probs: ``old_logprobs`` if given (an
     old-logit route of :mod:`fresh_rl.llm.old_logits`), else the fp32 forward of ``params``."""
     if old_logprobs is None:
-        old_logprobs, _ = token_logprobs_and_entropy(params, model_config, episodes.tokens,
-                                                     episodes.mask,
-                                                     temperature=config.temperature)
+        old_logprobs, _ = token_logprobs_and_entropy(
+            params, model_config, episodes.tokens, episodes.mask, temperature=config.temperature,
+            chunk_tokens=config.logprob_chunk_tokens)
     action_mask = episodes.action_mask & episodes.mask
     return Batch(tokens=episodes.tokens, mask=episodes.mask, action_mask=action_mask,
                  behaviour_log_probs=jnp.where(action_mask, episodes.behaviour_log_probs, 0.0),
@@ -293,7 +299,9 @@ def policy_loss(params, batch: Batch, *, config: RLConfig, model_config: Qwen2Co
     this minibatch with weight ``batch.proxy_alpha`` (A-3PO / AReaL ``prox_logp_method``; no
     extra forward pass; docs/old_logits.md, Proposition 1)."""
     logp, entropy = token_logprobs_and_entropy(params, model_config, batch.tokens, batch.mask,
-                                               temperature=config.temperature)
+                                               temperature=config.temperature,
+                                               chunk_tokens=config.logprob_chunk_tokens,
+                                               remat=config.remat)
     if config.loss == "ppo_clip":
         loss, metrics = ppo_clip_loss(logp, batch.behaviour_log_probs, batch.advantages,
                                       batch.action_mask, config=config.clip)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fresh_rl.llm.model import Qwen2Config, init_params
+from fresh_rl.llm.model import Qwen2Config, init_params, stack_layers, unstack_layers
 from fresh_rl.llm.rollout import expert_policy, model_policy, run_episodes
 from fresh_rl.llm.sampler import SamplingConfig, token_logprobs_and_entropy
 from fresh_rl.llm.tasks import text
@@ -136,10 +136,17 @@ def restore_params(directory: str, model_config: Qwen2Config):
     import orbax.checkpoint as ocp
 
     from fresh_rl.sweep.checkpoint import CheckpointError
-    target = jax.eval_shape(lambda: init_params(model_config, jax.random.PRNGKey(0)))
     from fresh_rl.sweep.integrity import tree_checksum
+    init = lambda: init_params(model_config, jax.random.PRNGKey(0))  # noqa: E731
     try:
-        params = ocp.StandardCheckpointer().restore(os.path.abspath(directory), target)
+        checkpointer = ocp.StandardCheckpointer()
+        path = os.path.abspath(directory)
+        stored = checkpointer.metadata(path)
+        stored = getattr(stored, "item_metadata", stored)
+        # Checkpoints written before the scanned layers hold layers_{i} (stacked below).
+        per_layer = "layers_0" in stored
+        target = jax.eval_shape(lambda: unstack_layers(init()) if per_layer else init())
+        params = checkpointer.restore(path, target)
     except Exception as err:  # orbax raises many types for unreadable files
         raise CheckpointError(f"parameter checkpoint {directory} is unreadable or does not match "
                               f"this model config: {type(err).__name__}: {err}") from err
@@ -149,7 +156,7 @@ def restore_params(directory: str, model_config: Qwen2Config):
     elif _recorded_checksum(record) != tree_checksum({"params": params}):  # the tree save_params hashed
         raise CheckpointError(f"parameter checkpoint {directory} is corrupt: its contents do not match the "
                               f"checksum in {record} recorded when it was written")
-    return params
+    return stack_layers(params) if per_layer else params
 
 
 def warm_start(model_config: Qwen2Config, tasks: dict[str, Any], config: WarmStartConfig,
