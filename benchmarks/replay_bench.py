@@ -63,11 +63,12 @@ def batch_of(n, value):
 
 
 def ours(capacity, batch, sampling, normalization="buffer",
-         fanout=segment_tree.DEFAULT_FANOUT):
+         fanout=segment_tree.DEFAULT_FANOUT, min_decayed_priority=1e-8):
     buffer = make_trajectory_buffer(ReplayConfig(
         capacity=capacity, sample_batch_size=batch, sampling=sampling,
         priority_exponent=ALPHA, age_decay_tau=TAU,
-        importance_weight_normalization=normalization, tree_fanout=fanout))
+        importance_weight_normalization=normalization, tree_fanout=fanout,
+        min_decayed_priority=min_decayed_priority))
 
     def fill(version):
         state = buffer.init(item())
@@ -229,7 +230,10 @@ def main():
         "flashbax_per": lambda c, b: flashbax(c, b),
         "ours_per": lambda c, b: ours(c, b, "per"),
         "ours_freshper": lambda c, b: ours(c, b, "freshper"),
-        "ours_freshper_sum_only": lambda c, b: ours(c, b, "freshper", "batch"),
+        # one tree column: batch-normalised weights and no floor (a floor keeps the min and
+        # count columns whatever the normalisation)
+        "ours_freshper_sum_only": lambda c, b: ours(c, b, "freshper", "batch",
+                                                    min_decayed_priority=0.0),
         "freshper_eager_refresh": eager_refresh,
     }
     records, sweep = [], []
@@ -302,9 +306,11 @@ def write_tables(records, sweep, args, wall, uptime_start, uptime_end):
         "Microseconds per call, median of steady-state repeats; `scan` = inside one jitted "
         "`lax.scan` with donated state, `loop` = Python loop of single jitted calls. "
         "Speed-up = flashbax time / our time (> 1: we are faster). `ours PER` and `ours "
-        "FreshPER` keep a second tree column (min of log-keys) for buffer-wide normalisation of "
-        "the importance weights, work flashbax does not do; `sum only` is FreshPER with "
-        "batch-normalised weights, the same tree work as flashbax. Compile = seconds to "
+        "FreshPER` (the defaults) keep three tree columns: the sum, the min of log-keys (the "
+        "buffer-wide normaliser of the importance weights and the floor's trigger) and the count "
+        "of floored items, work flashbax does not do; `sum only` is FreshPER with "
+        "batch-normalised weights and no floor (`min_decayed_priority=0`), one column, the same "
+        "tree work as flashbax. Compile = seconds to "
         "compile the scanned program (flashbax / ours FreshPER).",
         "",
         "| capacity | batch | op | flashbax scan | ours PER scan | ours FreshPER scan | "
