@@ -21,7 +21,6 @@ measured by one script on one machine:
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import importlib
 import os
@@ -29,7 +28,6 @@ import platform
 import json
 import re
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -126,22 +124,15 @@ def main(argv=None):
         return
     if not args.label:
         parser.error("--label is required")
-    from fresh_rl.provenance import git_commit, measure_at_revision, write_csv  # not in every revision --revision measures
+    from fresh_rl.provenance import git_commit, measure_at_revision, replace_label_rows  # not in every revision --revision measures
 
-    csv_path = OUT / "compile_profile.csv"
-    rows = []
-    if csv_path.exists():
-        with open(csv_path, newline="") as f:
-            rows = [r for r in csv.DictReader(f) if r["label"] != args.label]
     if args.revision:
-        measured = measure_at_revision(__file__, args.revision,
-                                       ["--repeats", str(args.repeats), *(["--parts"] if args.parts else [])])
-        commit = subprocess.run(["git", "rev-parse", "--short", args.revision], cwd=OUT.parents[1],
-                                capture_output=True, text=True).stdout.strip()
+        measured, commit = measure_at_revision(
+            __file__, args.revision, ["--repeats", str(args.repeats), *(["--parts"] if args.parts else [])])
     else:
         measured, commit = measure(args.repeats, args.parts), git_commit()
-    rows += [{"label": args.label, "commit": commit, **row} for row in measured]
-    write_csv(csv_path, rows)
+    rows = replace_label_rows(OUT / "compile_profile.csv", args.label,
+                              [{"label": args.label, "commit": commit, **row} for row in measured])
 
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, jax {jax.__version__} on {jax.default_backend()}"
     lines = [

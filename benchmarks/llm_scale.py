@@ -24,13 +24,11 @@ one machine. The persistent compilation cache is off. Each invocation replaces i
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import inspect
 import json
 import os
 import platform
-import subprocess
 import time
 from pathlib import Path
 
@@ -126,25 +124,18 @@ def main(argv=None):
         return
     if not args.label:
         parser.error("--label is required")
-    from fresh_rl.provenance import git_commit, measure_at_revision, write_csv
+    from fresh_rl.provenance import git_commit, measure_at_revision, replace_label_rows
 
     started = time.perf_counter()
-    csv_path = OUT / "llm_scale.csv"
-    rows = []
-    if csv_path.exists():
-        with open(csv_path, newline="") as f:
-            rows = [r for r in csv.DictReader(f) if r["label"] != args.label]
     if args.revision:
-        measured = measure_at_revision(__file__, args.revision,
-                                       ["--depths", *map(str, args.depths)])
-        commit = subprocess.run(["git", "rev-parse", "--short", args.revision], cwd=OUT.parents[1],
-                                capture_output=True, text=True).stdout.strip()
+        measured, commit = measure_at_revision(__file__, args.revision,
+                                               ["--depths", *map(str, args.depths)])
     else:
         measured, commit = measure(args.depths), git_commit()
     wall = time.perf_counter() - started
-    rows += [{"label": args.label, "commit": commit, "wall_s": f"{wall:.0f}", **row}
-             for row in measured]
-    write_csv(csv_path, rows)
+    rows = replace_label_rows(OUT / "llm_scale.csv", args.label,
+                              [{"label": args.label, "commit": commit, "wall_s": f"{wall:.0f}",
+                                **row} for row in measured])
 
     machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
                f"jax {jax.__version__} on {jax.default_backend()}")

@@ -21,29 +21,32 @@ from typing import Iterable, Mapping, Optional, Sequence
 REPOSITORY_ROOT = Path(__file__).resolve().parents[1]
 
 
+def _git(*args: str) -> Optional[str]:
+    """Stripped stdout of ``git *args`` in the source checkout; ``None`` if git fails."""
+    try:
+        out = subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPOSITORY_ROOT,
+                             timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
 def git_commit(short: bool = True) -> str:
     """HEAD of the source checkout, ``+dirty`` appended when tracked files differ from it;
     ``"unknown"`` outside a git checkout (e.g. an installed wheel)."""
-    def git(*args: str) -> Optional[str]:
-        try:
-            out = subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPOSITORY_ROOT,
-                                 timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    head = git("rev-parse", *(["--short"] if short else []), "HEAD")
+    head = _git("rev-parse", *(["--short"] if short else []), "HEAD")
     if not head:
         return "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
     return head + ("+dirty" if dirty else "")
 
 
-def measure_at_revision(script, revision: str, args: Sequence[str] = ()) -> list[dict]:
+def measure_at_revision(script, revision: str, args: Sequence[str] = ()) -> tuple[list[dict], str]:
     """Runs ``python script --measure *args`` in a child process that imports ``fresh_rl`` as
-    it was at git ``revision`` (``git archive`` into a temporary folder on ``PYTHONPATH``) and
-    returns the JSON objects the child printed one per line: a benchmark's before and after,
-    measured by one script on one machine. ``SystemExit`` with the child's stderr on failure."""
+    it was at git ``revision`` (``git archive`` into a temporary folder on ``PYTHONPATH``);
+    returns the JSON objects the child printed one per line and the revision's short commit: a
+    benchmark's before and after, measured by one script on one machine. ``SystemExit`` with
+    the child's stderr on failure."""
     with tempfile.TemporaryDirectory() as tmp:
         archive = subprocess.run(["git", "archive", revision, "fresh_rl"], cwd=REPOSITORY_ROOT,
                                  capture_output=True, check=True)
@@ -53,7 +56,20 @@ def measure_at_revision(script, revision: str, args: Sequence[str] = ()) -> list
                                env={**os.environ, "PYTHONPATH": tmp}, cwd=tmp)
     if child.returncode:
         raise SystemExit(f"measuring {revision} failed:\n{child.stderr[-3000:]}")
-    return [json.loads(line) for line in child.stdout.splitlines() if line.startswith("{")]
+    rows = [json.loads(line) for line in child.stdout.splitlines() if line.startswith("{")]
+    return rows, _git("rev-parse", "--short", revision) or revision
+
+
+def replace_label_rows(path, label: str, rows: Sequence[Mapping]) -> list[dict]:
+    """The CSV at ``path`` (if any) with its rows of ``label`` replaced by ``rows``, written back
+    (:func:`write_csv`) and returned: how a before/after benchmark reruns one label."""
+    kept = []
+    if Path(path).exists():
+        with open(path, newline="") as f:
+            kept = [r for r in csv.DictReader(f) if r["label"] != label]
+    rows = kept + [dict(r) for r in rows]
+    write_csv(path, rows)
+    return rows
 
 
 def machine_description() -> str:
@@ -119,5 +135,5 @@ def write_csv(path, rows: Iterable[Mapping]) -> None:
     tmp.replace(path)
 
 
-__all__ = ["REPOSITORY_ROOT", "command_line", "git_commit", "machine_description", "provenance",
-           "provenance_line", "write_csv"]
+__all__ = ["REPOSITORY_ROOT", "command_line", "git_commit", "machine_description",
+           "measure_at_revision", "provenance", "provenance_line", "replace_label_rows", "write_csv"]

@@ -27,6 +27,28 @@ def test_write_csv_takes_the_union_of_columns_in_first_seen_order(tmp_path):
         provenance.write_csv(path, [])
 
 
+def test_replace_label_rows_reruns_one_label_and_keeps_the_others(tmp_path):
+    path = tmp_path / "bench.csv"
+    provenance.replace_label_rows(path, "before", [{"label": "before", "x": 1}])
+    provenance.replace_label_rows(path, "after", [{"label": "after", "x": 2}])
+    rows = provenance.replace_label_rows(path, "before", [{"label": "before", "x": 3},
+                                                          {"label": "before", "x": 4}])
+    with open(path, newline="") as f:
+        on_disk = list(csv.DictReader(f))
+    assert on_disk == [{"label": "after", "x": "2"}, {"label": "before", "x": "3"},
+                       {"label": "before", "x": "4"}]
+    assert [{k: str(v) for k, v in r.items()} for r in rows] == on_disk  # what was written
+
+
+def test_measure_at_revision_imports_the_package_of_that_revision(tmp_path):
+    """The child imports fresh_rl from the archived revision, not from this checkout."""
+    script = tmp_path / "probe.py"
+    script.write_text("import json, fresh_rl\nprint(json.dumps({'file': fresh_rl.__file__}))\n")
+    rows, commit = provenance.measure_at_revision(script, "HEAD")
+    assert commit == provenance.git_commit().removesuffix("+dirty")
+    assert len(rows) == 1 and not rows[0]["file"].startswith(str(ROOT))
+
+
 def test_provenance_names_command_commit_machine_and_wall_time():
     info = provenance.provenance(command="python experiments/x.py --scale ci", started=0.0)
     assert info["command"] == "python experiments/x.py --scale ci"
