@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fresh_rl.compilation_cache import REPORT_VARIABLE, cache_directory
+from fresh_rl.compilation_cache import REPORT_VARIABLE, host_cache_directory
 from fresh_rl.provenance import REPOSITORY_ROOT, git_commit, machine_description, write_csv
 
 OUT = REPOSITORY_ROOT / "results" / "quickstart"
@@ -84,7 +84,7 @@ def main(argv=None):
     if args.readme_only:
         print(render_readme(args.out))
         return
-    cache = cache_directory()
+    cache = host_cache_directory()
     cache_state = "off" if cache is None else ("warm" if cache.exists() and any(cache.iterdir()) else "empty")
     commit = git_commit()
     run_id = time.strftime("%Y-%m-%dT%H:%M:%S")

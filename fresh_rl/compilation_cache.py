@@ -12,6 +12,15 @@ folder); ``$XDG_CACHE_HOME/fresh_rl/xla`` (default ``~/.cache/fresh_rl/xla``). O
 ``FRESH_RL_COMPILATION_CACHE=0`` or a script's ``--no-compilation-cache`` flag. Programs that
 compile in under ``min_compile_seconds`` (default 1 s, JAX's default) are not stored.
 
+Programs are kept in a subfolder per host CPU, ``<folder>/host-<fingerprint>``
+(:func:`host_fingerprint`: a hash of the architecture, CPU model and instruction-set flags).
+JAX's cache key holds the code, shapes, JAX version and device kind but not the host CPU's
+features, and a CPU program is compiled for the features of the machine that built it; a cache
+folder shared by machines with different CPUs (a home directory mounted on several hosts, a
+copied cache) would otherwise load programs built for instructions this CPU may lack (XLA warns
+"... not supported on host ... SIGILL") or tuned for another CPU, which changes floating-point
+results in the last digits.
+
 :class:`CompileMeter` sums the seconds JAX spends tracing, lowering and compiling (or loading
 from the cache) in this process, from ``jax.monitoring`` events, so a script can report its
 compile time apart from its run time. When ``$FRESH_RL_COMPILE_REPORT`` names a file,
@@ -22,8 +31,11 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
+import hashlib
 import json
 import os
+import platform
 import threading
 from pathlib import Path
 from typing import Optional
@@ -51,13 +63,45 @@ def cache_directory(directory=None) -> Optional[Path]:
     return default_directory()
 
 
+def _cpu_description() -> str:
+    """The CPU model and flag lines of ``/proc/cpuinfo`` (Linux), else ``platform.processor()``."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            lines = info.read().splitlines()
+    except OSError:
+        return platform.processor()
+    fields = {}
+    for line in lines:
+        name, _, value = line.partition(":")
+        name = name.strip()
+        if name in ("model name", "flags", "Features", "CPU part") and name not in fields:
+            fields[name] = " ".join(sorted(value.split())) if name in ("flags", "Features") \
+                else value.strip()
+    return "|".join(f"{k}={fields[k]}" for k in sorted(fields)) or platform.processor()
+
+
+@functools.lru_cache(maxsize=None)
+def host_fingerprint() -> str:
+    """12 hex digits identifying this host's CPU for compiled programs: the SHA-256 of the
+    machine architecture, the CPU model and its sorted instruction-set flags."""
+    description = f"{platform.machine()}|{_cpu_description()}"
+    return hashlib.sha256(description.encode()).hexdigest()[:12]
+
+
+def host_cache_directory(directory=None) -> Optional[Path]:
+    """This host's subfolder ``<cache_directory>/host-<host_fingerprint>``, where
+    :func:`enable_compilation_cache` stores programs, or ``None`` when switched off."""
+    folder = cache_directory(directory)
+    return None if folder is None else folder / f"host-{host_fingerprint()}"
+
+
 def enable_compilation_cache(directory=None, enabled: bool = True,
                              min_compile_seconds: float = 1.0) -> Optional[Path]:
-    """Point JAX's persistent compilation cache at :func:`cache_directory`; returns the folder
-    (``None`` when disabled by ``enabled=False`` or the environment)."""
+    """Point JAX's persistent compilation cache at :func:`host_cache_directory`; returns that
+    folder (``None`` when disabled by ``enabled=False`` or the environment)."""
     if os.environ.get(REPORT_VARIABLE):
         _report_at_exit(Path(os.environ[REPORT_VARIABLE]))
-    folder = cache_directory(directory) if enabled else None
+    folder = host_cache_directory(directory) if enabled else None
     if folder is None:
         jax.config.update("jax_enable_compilation_cache", False)
         return None
@@ -144,4 +188,5 @@ def _report_at_exit(path: Path) -> None:
 
 
 __all__ = ["CompileMeter", "DIR_VARIABLE", "REPORT_VARIABLE", "SWITCH_VARIABLE", "add_compilation_cache_flag",
-           "cache_directory", "default_directory", "enable_compilation_cache", "enable_from_args"]
+           "cache_directory", "default_directory", "enable_compilation_cache", "enable_from_args",
+           "host_cache_directory", "host_fingerprint"]

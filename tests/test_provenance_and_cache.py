@@ -61,8 +61,11 @@ def test_provenance_names_command_commit_machine_and_wall_time():
 
 
 _CHILD = textwrap.dedent("""
-    import json, sys
+    import json, os, sys
+    from fresh_rl import compilation_cache
     from fresh_rl.compilation_cache import CompileMeter, enable_compilation_cache
+    if os.environ.get("TEST_CPU_DESCRIPTION"):  # stands in for another host's CPU
+        compilation_cache._cpu_description = lambda: os.environ["TEST_CPU_DESCRIPTION"]
     folder = enable_compilation_cache(min_compile_seconds=0)
     import jax, jax.numpy as jnp
     meter = CompileMeter()
@@ -72,7 +75,8 @@ _CHILD = textwrap.dedent("""
 
 
 def _child(env_extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION", "FRESH_RL_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("JAX_COMPILATION", "FRESH_RL_", "TEST_CPU_DESCRIPTION"))}
     env.update(env_extra, PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -82,12 +86,39 @@ def _child(env_extra):
 def test_second_process_loads_the_program_the_first_compiled(tmp_path):
     folder = tmp_path / "xla"
     first = _child({compilation_cache.DIR_VARIABLE: str(folder)})
-    assert first["folder"] == str(folder) and first["cache_load"] == 0.0 and first["compile"] > 0
-    assert any(folder.iterdir())
+    host_folder = folder / f"host-{compilation_cache.host_fingerprint()}"
+    assert first["folder"] == str(host_folder) and first["cache_load"] == 0.0 and first["compile"] > 0
+    assert any(host_folder.iterdir())
     second = _child({compilation_cache.DIR_VARIABLE: str(folder)})
     assert second["cache_load"] > 0
+    # Another CPU sharing the folder compiles its own programs in its own subfolder.
+    other = _child({compilation_cache.DIR_VARIABLE: str(folder),
+                    "TEST_CPU_DESCRIPTION": "model name=Other CPU|flags=sse2"})
+    assert other["cache_load"] == 0.0 and other["compile"] > 0
+    assert Path(other["folder"]).parent == folder and Path(other["folder"]) != host_folder
+    assert sorted(p.name for p in folder.iterdir()) == sorted([host_folder.name, Path(other["folder"]).name])
     off = _child({compilation_cache.DIR_VARIABLE: str(folder), compilation_cache.SWITCH_VARIABLE: "0"})
     assert off["folder"] == "None" and off["cache_load"] == 0.0
+
+
+def test_host_fingerprint_tracks_the_cpu_description(monkeypatch):
+    assert re.fullmatch(r"[0-9a-f]{12}", compilation_cache.host_fingerprint())
+    fingerprints = []
+    for description in ("model name=A|flags=avx2 sse2", "model name=A|flags=avx512f sse2",
+                        "model name=A|flags=avx2 sse2"):
+        monkeypatch.setattr(compilation_cache, "_cpu_description", lambda d=description: d)
+        compilation_cache.host_fingerprint.cache_clear()
+        fingerprints.append(compilation_cache.host_fingerprint())
+    compilation_cache.host_fingerprint.cache_clear()
+    assert fingerprints[0] != fingerprints[1] and fingerprints[0] == fingerprints[2]
+
+
+def test_cpu_description_sorts_flags_and_names_the_model():
+    description = compilation_cache._cpu_description()
+    assert description
+    if Path("/proc/cpuinfo").exists() and "flags=" in description:
+        flags = description.split("flags=")[1].split("|")[0].split()
+        assert flags == sorted(flags) and "model name=" in description
 
 
 def test_cache_folder_precedence(monkeypatch, tmp_path):
@@ -100,5 +131,8 @@ def test_cache_folder_precedence(monkeypatch, tmp_path):
     monkeypatch.setenv(compilation_cache.DIR_VARIABLE, str(tmp_path / "ours"))
     assert compilation_cache.cache_directory() == tmp_path / "ours"
     assert compilation_cache.cache_directory(tmp_path / "arg") == tmp_path / "arg"
+    assert compilation_cache.host_cache_directory() == \
+        tmp_path / "ours" / f"host-{compilation_cache.host_fingerprint()}"
     monkeypatch.setenv(compilation_cache.SWITCH_VARIABLE, "off")
     assert compilation_cache.cache_directory() is None
+    assert compilation_cache.host_cache_directory() is None
