@@ -1,11 +1,15 @@
 """Tokenizers: a built-in character tokenizer for our tasks and `tokenizers`' tokenizer.json.
 
 Both implement `Tokenizer`: `encode(text) -> list[int]`, `decode(ids) -> str`, `vocab_size`,
-`pad_id`, `bos_id`, `eos_id`. Task environments build their token arrays inside `jit` from the
-character table (`CharTokenizer.token_of`), so the char tokenizer is the one the tasks speak.
+`pad_id`, `bos_id`, `eos_id`. Tasks speak either through a
+:class:`fresh_rl.llm.tasks.vocab.TaskVocab` built from one of them; internally they parse
+text in the char tokenizer's ids. :meth:`HFTokenizer.from_pretrained` reads a Hugging Face
+model folder (tokenizer.json, tokenizer_config.json's special tokens and chat template).
 """
 from __future__ import annotations
 
+import json
+import os
 import string
 from typing import Protocol, Sequence
 
@@ -75,14 +79,58 @@ class HFTokenizer:
     """Wraps a Hugging Face `tokenizer.json` (e.g. Qwen2.5's) via the `tokenizers` library."""
 
     def __init__(self, path: str, eos_token: str = "<|endoftext|>", pad_token: str | None = None,
-                 bos_token: str | None = None):
+                 bos_token: str | None = None, chat_template: str | None = None):
         from tokenizers import Tokenizer as _HFTokenizer  # runtime dependency for real models
 
+        self.path = path
         self._tok = _HFTokenizer.from_file(path)
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.eos_id = self._id(eos_token, "eos_token")
         self.pad_id = self._id(pad_token, "pad_token") if pad_token else self.eos_id
         self.bos_id = self._id(bos_token, "bos_token") if bos_token else self.eos_id
+        self.chat_template = chat_template
+        self.special_ids = frozenset(i for i, t in self._tok.get_added_tokens_decoder().items()
+                                     if t.special)
+
+    @classmethod
+    def from_pretrained(cls, folder: str) -> "HFTokenizer":
+        """The tokenizer of a Hugging Face model folder: tokenizer.json plus the eos / pad /
+        bos tokens and chat template of tokenizer_config.json (the template may instead be
+        in chat_template.jinja). ValueError naming the file if one is missing or malformed."""
+        config_path = os.path.join(folder, "tokenizer_config.json")
+        try:
+            with open(config_path) as f:
+                config = json.load(f)
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"{config_path}: cannot read the tokenizer config: {err}") from err
+
+        def token(name):  # a plain string or, in older files, {"content": ...}
+            value = config.get(name)
+            return value.get("content") if isinstance(value, dict) else value
+
+        template = config.get("chat_template")
+        template_path = os.path.join(folder, "chat_template.jinja")
+        if template is None and os.path.exists(template_path):
+            with open(template_path) as f:
+                template = f.read()
+        if template is not None and not isinstance(template, str):
+            raise ValueError(f"{config_path}: chat_template must be one template string "
+                             f"(named templates are not supported), got {type(template).__name__}")
+        if token("eos_token") is None:
+            raise ValueError(f"{config_path} names no eos_token")
+        return cls(os.path.join(folder, "tokenizer.json"), eos_token=token("eos_token"),
+                   pad_token=token("pad_token"), bos_token=token("bos_token"),
+                   chat_template=template)
+
+    def token_id(self, token: str) -> int | None:
+        """Id of a token of the vocabulary (special tokens included), None if absent."""
+        return self._tok.token_to_id(token)
+
+    def token_texts(self) -> list[str]:
+        """The text of every id in [0, vocab_size) decoded alone (special tokens included;
+        partial UTF-8 sequences of byte-level tokens decode to '\ufffd')."""
+        return self._tok.decode_batch([[i] for i in range(self.vocab_size)],
+                                      skip_special_tokens=False)
 
     def _id(self, token: str, field: str) -> int:
         i = self._tok.token_to_id(token)
@@ -93,5 +141,5 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
