@@ -15,6 +15,7 @@ an editable install.
 * :class:`FreshPERScale` / :data:`FRESHPER_SCALES`, :data:`SYNC`, :func:`freshper_methods` —
   ``experiments/freshper.py`` (arXiv 2604.16918).
 * :func:`load_params` — ``(model_config, params)`` of a preset model.
+* :data:`QWEN2_5_1_5B` — the Qwen2.5-1.5B shapes (the scale benchmark's larger model).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from typing import Optional
 
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm import replay_trainer as rt
-from fresh_rl.llm.model import preset
+from fresh_rl.llm.model import Qwen2Config, preset
 from fresh_rl.llm.old_logits import BUILTIN_ROUTES
 from fresh_rl.llm.tasks import ArithmeticTask, FrozenLakeTask, SearchQATask, SokobanTask
 from fresh_rl.llm.trainer import RLConfig
@@ -34,6 +35,16 @@ from fresh_rl.provenance import REPOSITORY_ROOT
 RESULTS = REPOSITORY_ROOT / "results"
 WARM_START = str(RESULTS / "llm_warm_start" / "checkpoint")
 ARITHMETIC_WARM_START = str(RESULTS / "llm_warm_start_arithmetic" / "checkpoint")
+
+# Qwen2.5-1.5B (its published config.json; the conventions of model.PRESETS["qwen2.5-0.5b"]:
+# float32 master weights, tied embeddings, 2 KV heads). max_position_embeddings changes no
+# parameter shape; 32768 as the 0.5B preset (the base model's config.json lists 131072, its
+# Instruct model's 32768). Defined here rather than in model.PRESETS, hence not reachable by
+# ``preset(name)``; :func:`load_params` of a Hugging Face folder reads its own config.
+QWEN2_5_1_5B = Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+                           num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                           max_position_embeddings=32768, rope_theta=1000000.0,
+                           rms_norm_eps=1e-6, tie_word_embeddings=True)
 
 # --------------------------------------------------------------------------- warm start
 
@@ -226,5 +237,5 @@ FRESHPER_SCALES = {
 }
 
 __all__ = ["ARITHMETIC_WARM_START", "CYCLE", "FRESHPER_RL", "FRESHPER_SCALES", "FreshPERScale",
-           "OLD_LOGITS_RL", "OLD_LOGITS_SCALES", "OldLogitsScale", "RESULTS", "SPECIALIZE",
-           "SYNC", "TASKS", "WARM_START", "freshper_methods", "load_params"]
+           "OLD_LOGITS_RL", "OLD_LOGITS_SCALES", "OldLogitsScale", "QWEN2_5_1_5B", "RESULTS",
+           "SPECIALIZE", "SYNC", "TASKS", "WARM_START", "freshper_methods", "load_params"]

@@ -1,0 +1,213 @@
+"""LLM sharding (fresh_rl.llm.sharding): one RL iteration of the tiny preset sharded over a
+(data=2, fsdp=2, tensor=2) mesh of 8 simulated CPU devices equals the unsharded iteration in
+params, optimizer state and metrics; every parameter leaf is laid out by its spec with shards
+of the split shapes; bad mesh sizes raise naming the field; the spec rules mirror parameter
+paths into the optimizer state and the version ring, and fall back to replication.
+
+The 8-device part runs this file as a script in a subprocess (XLA_FLAGS must be set before
+jax is imported; the pytest process has 1 device), as tests/test_multihost.py does."""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from fresh_rl.llm import async_pipeline as ap
+from fresh_rl.llm import sharding, trainer
+from fresh_rl.llm.model import init_params, preset
+from fresh_rl.llm.presets import WARM_START
+from fresh_rl.llm.tasks import ArithmeticTask
+from fresh_rl.llm.trainer import RLConfig, init_train_state, make_iteration, stack_rows
+from fresh_rl.llm.warm_start import restore_params
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = preset("tiny")
+ENV = ArithmeticTask(digits=1, steps=2)
+# REINFORCE++ normalises over the batch, so the advantages are non-zero whenever one return
+# differs (GRPO on 2 groups of 4 is often all zero, and the update then moves nothing)
+CONFIG = RLConfig(estimator="reinforce_pp", num_groups=2, group_size=4, learning_rate=1e-4,
+                  loss="decoupled")
+MESH = sharding.MeshConfig(data=2, fsdp=2, tensor=2)
+
+
+def _flat(tree) -> dict[str, np.ndarray]:
+    return {jax.tree_util.keystr(path): np.asarray(x)
+            for path, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _split_shape(shape, spec, config: sharding.MeshConfig):
+    spec = tuple(spec) + (None,) * (len(shape) - len(spec))
+    return tuple(n // config.size(axes) for n, axes in zip(shape, spec))
+
+
+def float32_sampler():
+    """Runs the trainer's sampler in float32 (this child process only). The bf16 sampler's
+    row-parallel and fsdp-split contractions add bf16 partial sums in another order than the
+    unsharded program, which moves logits by an ulp and flips a sampled token wherever two
+    candidates tie to that precision; in float32 the same program agrees to ~1e-6, so the
+    comparison tests the sharding rather than bf16 rounding."""
+    sampling_config = trainer.sampling_config
+    trainer.sampling_config = lambda config, env: dataclasses.replace(
+        sampling_config(config, env), dtype="float32")
+
+
+def child(out: str) -> None:
+    """8 devices: the unsharded and the sharded iteration, the layout of every parameter."""
+    assert jax.device_count() == 8, jax.devices()
+    float32_sampler()
+    params = restore_params(WARM_START, MODEL)
+    key = jax.random.PRNGKey(7)
+    plain_state, plain_metrics = make_iteration(CONFIG, ENV, MODEL)(
+        init_train_state(CONFIG, params), key)
+    mesh = sharding.make_mesh(MESH)
+    state = sharding.shard_state(init_train_state(CONFIG, params), mesh)
+    layout = {}
+    for name, leaf in jax.tree_util.tree_leaves_with_path(state.params):
+        layout[jax.tree_util.keystr(name)] = {
+            "spec": repr(leaf.sharding.spec), "shape": leaf.shape,
+            "shards": sorted({s.data.shape for s in leaf.addressable_shards}),
+            "num_shards": len(leaf.addressable_shards)}
+    step = sharding.sharded_iteration(CONFIG, ENV, MODEL, mesh, state)
+    state, metrics = step(state, key)
+    out_specs = {jax.tree_util.keystr(p): repr(x.sharding.spec)
+                 for p, x in jax.tree_util.tree_leaves_with_path(state)}
+    one_mesh = sharding.make_mesh(sharding.MeshConfig(), devices=jax.devices()[:1])
+    one = sharding.shard_state(init_train_state(CONFIG, params), one_mesh)
+    one = sharding.sharded_iteration(CONFIG, ENV, MODEL, one_mesh, one)(one, key)
+    bad = []
+    for config in (sharding.MeshConfig(data=3, fsdp=1, tensor=2),
+                   sharding.MeshConfig(data=2, fsdp=2, tensor=1)):
+        try:
+            sharding.make_mesh(config)
+        except ValueError as error:
+            bad.append(str(error))
+    np.savez(out, **{"plain" + k: v for k, v in _flat((plain_state, plain_metrics)).items()},
+             **{"sharded" + k: v for k, v in _flat((state, metrics)).items()},
+             **{"one" + k: v for k, v in _flat(one).items()})
+    Path(out).with_suffix(".json").write_text(json.dumps(
+        {"layout": layout, "out_specs": out_specs, "bad": bad}))
+
+
+@pytest.fixture(scope="module")
+def eight_devices(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sharding") / "result.npz"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    done = subprocess.run([sys.executable, __file__, str(out)], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return np.load(out), json.loads(out.with_suffix(".json").read_text())
+
+
+def test_sharded_iteration_equals_the_unsharded_iteration(eight_devices):
+    """Metrics and the AdamW moments (i.e. the gradients) to 1e-5 of their scale; parameters to
+    lr / 4: AdamW's first step moves an entry by lr · g / (|g| + ε), which flips sign on an
+    fp32 rounding of a near-zero gradient, so a handful of entries move by up to 2 lr."""
+    arrays, _ = eight_devices
+    plain = {k[len("plain"):]: arrays[k] for k in arrays.files if k.startswith("plain")}
+    sharded = {k[len("sharded"):]: arrays[k] for k in arrays.files if k.startswith("sharded")}
+    assert plain.keys() == sharded.keys() and len(plain) > 40
+    start = _flat(restore_params(WARM_START, MODEL))
+    moved = 0
+    for name, value in plain.items():
+        if name.startswith("[0].params"):
+            gap = np.abs(sharded[name] - value)
+            assert gap.max() <= CONFIG.learning_rate / 4, name
+            assert np.mean(gap > 1e-6) < 1e-3, name
+            moved += np.abs(value - start[name[len("[0].params"):]]).max() > CONFIG.learning_rate / 2
+        elif name.startswith("[0]"):
+            np.testing.assert_allclose(sharded[name], value, rtol=0,
+                                       atol=1e-5 * np.abs(value).max(), err_msg=name)
+        else:
+            np.testing.assert_allclose(sharded[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
+    assert moved >= 10  # the update moved the weights, so the comparison is not vacuous
+    assert plain["[1]['grad_norm']"] > 0.1
+
+
+def test_every_parameter_is_laid_out_by_its_spec(eight_devices):
+    _, result = eight_devices
+    params = jax.eval_shape(lambda: init_params(MODEL, jax.random.PRNGKey(0)))
+    specs = sharding.param_specs(params, MESH)
+    expected = {jax.tree_util.keystr(p): (spec, leaf.shape) for (p, spec), leaf in zip(
+        jax.tree_util.tree_leaves_with_path(specs, is_leaf=lambda x: isinstance(x, P)),
+        jax.tree_util.tree_leaves(params))}
+    assert expected.keys() == result["layout"].keys()
+    split = 0
+    for name, (spec, shape) in expected.items():
+        got = result["layout"][name]
+        assert got["spec"] == repr(spec), name
+        assert got["num_shards"] == 8
+        assert got["shards"] == [list(_split_shape(shape, spec, MESH))], name
+        split += any(axes is not None for axes in spec)
+    assert split == 11  # embedding, 7 kernels, 3 biases of the 14 leaves; the 3 norms replicated
+    # the iteration's output state keeps the input layout (out_shardings)
+    for name, (spec, _) in expected.items():
+        assert result["out_specs"][f".params{name}"] == repr(spec), name
+
+
+def test_bad_mesh_sizes_raise_naming_the_fields(eight_devices):
+    _, result = eight_devices
+    assert len(result["bad"]) == 2
+    assert all("MeshConfig.data × MeshConfig.fsdp × MeshConfig.tensor" in e
+               and "device count 8" in e for e in result["bad"])
+    with pytest.raises(ValueError, match="must equal the device count 1"):
+        sharding.make_mesh(sharding.MeshConfig(data=2))
+    for field in ("data", "fsdp", "tensor"):
+        with pytest.raises(ValueError, match=f"MeshConfig.{field}"):
+            sharding.MeshConfig(**{field: 0})
+
+
+def test_optimizer_state_and_version_ring_follow_the_parameter_specs():
+    params = init_params(MODEL, jax.random.PRNGKey(0))
+    specs = sharding.param_specs(
+        ap.init_state(CONFIG, ap.AsyncConfig(staleness_window=2), params), MESH)
+    by_param = _flat(jax.tree_util.tree_map(repr, sharding.param_specs(params, MESH),
+                                            is_leaf=lambda x: isinstance(x, P)))
+    assert _flat(jax.tree_util.tree_map(repr, specs.train.params,
+                                        is_leaf=lambda x: isinstance(x, P))) == by_param
+    adam = specs.train.opt_state[1][0]  # chain(clip, adamw): adamw's scale_by_adam state
+    for moment in (adam.mu, adam.nu):
+        assert _flat(jax.tree_util.tree_map(repr, moment,
+                                            is_leaf=lambda x: isinstance(x, P))) == by_param
+    assert adam.count == P()
+    ring = specs.ring.params["layers"]["self_attn"]["q_proj"]["kernel"]
+    assert ring == P(None, None, "fsdp", "tensor")  # [K, L, H, heads·D]: ring and layer unsplit
+    assert specs.ring.versions == P(None) and specs.train.step == P()
+
+
+def test_indivisible_dimensions_fall_back_to_replication():
+    config = sharding.MeshConfig(data=2, fsdp=4, tensor=4)
+    odd = dataclasses.replace(MODEL, vocab_size=130, num_key_value_heads=1,
+                              num_attention_heads=2)  # V % 4 != 0; 1 KV head
+    params = jax.eval_shape(lambda: init_params(odd, jax.random.PRNGKey(0)))
+    specs = sharding.param_specs(params, config)
+    assert specs["embed_tokens"]["embedding"] == P(None, "fsdp")
+    assert specs["layers"]["mlp"]["down_proj"]["kernel"] == P(None, "tensor", "fsdp")
+    cache = sharding.kv_cache_specs(odd, batch=8, num_slots=16, config=config)
+    assert cache.keys == P(None, ("data", "fsdp"), None, None, None)
+    assert sharding.batch_spec((6, 5), config) == P(None, None)  # 6 % 8 != 0
+    assert sharding.batch_spec((16, 5), config) == P(("data", "fsdp"), None)
+    # sweep rows: the row axis over "data", a row's batch over "fsdp"
+    assert sharding.batch_spec((4, 8, 5), config, row_axis=True) == P("data", "fsdp", None)
+    rows = sharding.param_specs(jax.eval_shape(lambda p: stack_rows(p, 4), params), config,
+                                row_axis=True)
+    assert rows["layers"]["mlp"]["up_proj"]["kernel"] == P("data", None, "fsdp", "tensor")
+
+
+def test_one_device_mesh_runs_the_unchanged_iteration(eight_devices):
+    arrays, _ = eight_devices
+    one = [k for k in arrays.files if k.startswith("one")]
+    assert len(one) > 40
+    for name in one:
+        np.testing.assert_allclose(arrays[name], arrays["plain" + name[len("one"):]], rtol=1e-6,
+                                   atol=1e-7, err_msg=name)
+
+
+if __name__ == "__main__":
+    child(sys.argv[1])
