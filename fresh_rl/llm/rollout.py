@@ -1,7 +1,10 @@
 """Batched multi-turn episodes of a text task, as one jittable scan over turns.
 
-Transcript layout (right-padded, `[B, env.transcript_len]`):
-  BOS, obs_1, action_1, obs_2, action_2, ...        (no observation after the last action)
+Transcript layout (right-padded with `env.pad_id`, `[B, env.transcript_len]`):
+  bos, [first_prefix] obs_1 [obs_suffix], action_1, [turn_prefix] obs_2 [obs_suffix], action_2, ...
+(no observation after the last action). `bos = env.bos_id` and the bracketed chat framing
+come from the task vocabulary (:mod:`fresh_rl.llm.tasks.vocab`; none for the char
+vocabulary); each action ends with one of `env.stop_tokens`.
 `action_mask` marks the tokens the policy produced (what a policy-gradient loss trains on);
 `behaviour_log_probs` holds the sampler's log-probs there (the inference-engine pi_infer).
 
@@ -15,13 +18,16 @@ samples from the LM (bf16, KV cache), `expert_policy` replays the task's demonst
 """
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import flax.struct
 import jax
 import jax.numpy as jnp
 
 from fresh_rl.llm.model import Qwen2Config
 from fresh_rl.llm.sampler import SamplingConfig, generate
-from fresh_rl.llm.tasks import text
+from fresh_rl.llm.tasks.vocab import check_model_vocab
 
 
 @flax.struct.dataclass
@@ -48,6 +54,19 @@ def write_span(buffer, start, values, count):
     return buffer.at[idx].set(values.astype(buffer.dtype), mode="drop")
 
 
+def write_observation(tokens, lengths, prefix, obs, obs_len, suffix, shown):
+    """Appends ``prefix, obs[:obs_len], suffix`` to the rows of ``tokens`` where ``shown``
+    (the framing ``prefix``/``suffix`` are constant id arrays); returns (tokens, lengths)."""
+    write, batch = jax.vmap(write_span), tokens.shape[0]
+    segments = [(jnp.broadcast_to(jnp.asarray(x, jnp.int32), (batch, len(x))), len(x))
+                for x in (prefix, suffix)]
+    for segment, count in (segments[0], (obs, obs_len), segments[1]):
+        if segment.shape[1]:  # no framing: nothing to write
+            count = jnp.where(shown, count, 0)
+            tokens, lengths = write(tokens, lengths, segment, count), lengths + count
+    return tokens, lengths
+
+
 def right_to_left_padded(tokens, lengths):
     """Moves each row's first `lengths[b]` tokens to the end: `(tokens, mask)` left-padded."""
     width = tokens.shape[1]
@@ -57,18 +76,32 @@ def right_to_left_padded(tokens, lengths):
     return roll(tokens, shift), roll(mask, shift)
 
 
-def model_policy(params, model_config: Qwen2Config, sampling: SamplingConfig):
-    """LM policy: samples the next action from the transcript (stop token must be EOS)."""
-    if text.EOS not in sampling.stop_tokens:
-        raise ValueError(f"SamplingConfig.stop_tokens must contain EOS={text.EOS} for tasks")
+@dataclasses.dataclass(frozen=True, eq=False)
+class ModelPolicy:
+    """LM policy: samples the next action from the transcript. `run_episodes` checks that
+    the model and the sampler's stop tokens match the task's vocabulary."""
 
-    def policy(key, tokens, lengths, states, turn):
+    params: Any
+    model_config: Qwen2Config
+    sampling: SamplingConfig
+
+    def check(self, env) -> None:
+        """ValueError unless the model speaks `env.vocab` and stops on its stop tokens."""
+        check_model_vocab(env, self.model_config)
+        if not set(env.stop_tokens) <= set(self.sampling.stop_tokens):
+            raise ValueError(f"SamplingConfig.stop_tokens {self.sampling.stop_tokens} must "
+                             f"contain the stop tokens {env.stop_tokens} of "
+                             f"{type(env).__name__}'s vocabulary {env.vocab.source!r}")
+
+    def __call__(self, key, tokens, lengths, states, turn):
         del states, turn
         prompt, prompt_mask = right_to_left_padded(tokens, lengths)
-        gen = generate(params, model_config, sampling, prompt, prompt_mask, key)
+        gen = generate(self.params, self.model_config, self.sampling, prompt, prompt_mask, key)
         return gen.tokens, gen.lengths, gen.logprobs, {}
 
-    return policy
+
+def model_policy(params, model_config: Qwen2Config, sampling: SamplingConfig) -> ModelPolicy:
+    return ModelPolicy(params, model_config, sampling)
 
 
 def expert_policy(env):
@@ -86,14 +119,16 @@ def run_episodes(env, policy, key, batch: int, reset_keys=None) -> Episodes:
     ``reset_keys`` (``[batch]`` keys, optional) sets each row's start state explicitly, e.g.
     repeated keys for GRPO groups that share a prompt; by default they derive from ``key``.
     """
-    width = env.transcript_len
+    if isinstance(policy, ModelPolicy):
+        policy.check(env)
+    width, vocab = env.transcript_len, env.vocab
     k_reset, k_policy = jax.random.split(key)
     if reset_keys is None:
         reset_keys = jax.random.split(k_reset, batch)
     obs, obs_len, states = jax.vmap(env.reset)(reset_keys)
-    tokens = jnp.zeros((batch, width), jnp.int32).at[:, 0].set(text.BOS)
-    tokens = jax.vmap(write_span)(tokens, jnp.ones(batch, jnp.int32), obs, obs_len)
-    lengths = 1 + obs_len
+    tokens = jnp.full((batch, width), env.pad_id, jnp.int32).at[:, 0].set(env.bos_id)
+    tokens, lengths = write_observation(tokens, jnp.ones(batch, jnp.int32), vocab.first_prefix,
+                                        obs, obs_len, vocab.obs_suffix, jnp.ones(batch, bool))
     action_mask = jnp.zeros((batch, width), bool)
     behaviour = jnp.zeros((batch, width), jnp.float32)
 
@@ -122,9 +157,8 @@ def run_episodes(env, policy, key, batch: int, reset_keys=None) -> Episodes:
             lambda new, old: jnp.where(active.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
             new_states, states)
         done = done | step_done
-        shown = jnp.where(active & ~done, obs_len, 0)
-        tokens = jax.vmap(write_span)(tokens, lengths, obs, shown)
-        lengths = lengths + shown
+        tokens, lengths = write_observation(tokens, lengths, vocab.turn_prefix, obs, obs_len,
+                                            vocab.obs_suffix, active & ~done)
         out = (jnp.where(active, reward, 0.0), active, active & info["success"],
                active & info["format_ok"])
         return (tokens, lengths, action_mask, behaviour, extras, states, done), out

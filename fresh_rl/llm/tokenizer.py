@@ -37,6 +37,7 @@ class CharTokenizer:
 
     vocab_size = 128
     pad_id, bos_id, eos_id = 0, 1, 2
+    alphabet = _CHARS  # the characters, in id order from 3
 
     def __init__(self):
         self._ids = {c: i + len(_SPECIALS) for i, c in enumerate(_CHARS)}

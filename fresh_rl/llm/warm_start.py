@@ -24,7 +24,7 @@ import optax
 from fresh_rl.llm.model import Qwen2Config, init_params, stack_layers, unstack_layers
 from fresh_rl.llm.rollout import expert_policy, model_policy, run_episodes
 from fresh_rl.llm.sampler import SamplingConfig, token_logprobs_and_entropy
-from fresh_rl.llm.tasks import text
+from fresh_rl.llm.tasks.vocab import check_model_vocab
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +89,7 @@ def evaluate(params, model_config: Qwen2Config, env, key, episodes: int,
              temperature: float = 1.0) -> dict[str, float]:
     """Success rate, mean return and format-ok fraction of the LM policy on `env`."""
     sampling = SamplingConfig(max_new_tokens=env.action_len, temperature=temperature,
-                              stop_tokens=(text.EOS,), pad_id=text.PAD)
+                              stop_tokens=env.stop_tokens, pad_id=env.pad_id)
     result = jax.jit(lambda p, k: run_episodes(env, model_policy(p, model_config, sampling), k,
                                                episodes))(params, key)
     played = np.asarray(result.turn_mask)
@@ -168,6 +168,8 @@ def warm_start(model_config: Qwen2Config, tasks: dict[str, Any], config: WarmSta
     unknown = sorted(set(names) - set(tasks))
     if unknown:
         raise ValueError(f"warm_start cycle names unknown tasks {unknown}; tasks: {list(tasks)}")
+    for env in tasks.values():
+        check_model_vocab(env, model_config)
     k_init, k_data = jax.random.split(key)
     params = init_params(model_config, k_init) if params is None else params
     optimizer = make_optimizer(config)

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fresh_rl.llm.tasks import text
+from fresh_rl.llm.tasks.vocab import CHAR_VOCAB, SpeaksVocab, TaskVocab
 from fresh_rl.validation import require_in_range
 
 NAMES = ("Tom", "Ann", "Bob", "Eva", "Sam", "Liz")
@@ -25,11 +26,8 @@ ITEMS = ("apples", "pens", "cups", "eggs", "books", "coins")
 OP_PREFIX = (" They get ", " They give away ", " Then they have ")
 OP_SUFFIX = (" more.", ".", " times as many.")
 OP_SYMBOL = "+-*"
-_NAME_T, _NAME_L = text.const_table(NAMES)
-_ITEM_T, _ITEM_L = text.const_table(ITEMS)
-_PRE_T, _PRE_L = text.const_table(OP_PREFIX)
-_SUF_T, _SUF_L = text.const_table(OP_SUFFIX)
 _SYMBOL_T = jnp.asarray(text.const(OP_SYMBOL))
+ANSWER_SYMBOLS = "0123456789-=# "  # what answers are written in (with OP_SYMBOL)
 
 
 @flax.struct.dataclass
@@ -51,27 +49,30 @@ def parse_final_answer(tokens, length, max_digits: int):
     return value, ok & has_eos & (last_hash >= 0)
 
 
-def score_answer(tokens, length, answer, max_digits: int, format_penalty: float):
-    """(reward, success, format_ok) for a final-answer response (shared with GSM8K)."""
-    value, ok = parse_final_answer(tokens, length, max_digits)
+def score_answer(tokens, length, answer, max_digits: int, format_penalty: float, vocab):
+    """(reward, success, format_ok) for a final-answer response of model ``tokens`` in
+    ``vocab`` (shared with GSM8K)."""
+    value, ok = parse_final_answer(*vocab.to_chars(tokens, length), max_digits)
     success = ok & (value == answer)
     reward = jnp.where(ok, success.astype(jnp.float32), -format_penalty)
     return reward, success, ok
 
 
 @flax.struct.dataclass
-class ArithmeticTask:
+class ArithmeticTask(SpeaksVocab):
     digits: int = flax.struct.field(pytree_node=False, default=2)
     steps: int = flax.struct.field(pytree_node=False, default=2)
     format_penalty: float = flax.struct.field(pytree_node=False, default=0.15)
+    vocab: TaskVocab = flax.struct.field(pytree_node=False, default=CHAR_VOCAB, repr=False)
 
     max_turns = 1
 
     @property
     def transcript_len(self) -> int:
-        return 1 + self.obs_len + self.action_len
+        return 1 + self.obs_len + self.action_len + self.vocab.frame_len
 
     def __post_init__(self):
+        self.vocab.require_symbols("ArithmeticTask", ANSWER_SYMBOLS + OP_SYMBOL)
         require_in_range("ArithmeticTask.digits", self.digits, 1, 4)
         require_in_range("ArithmeticTask.steps", self.steps, 1, 4)
         require_in_range("ArithmeticTask.format_penalty", self.format_penalty, 0.0, 10.0)
@@ -111,21 +112,30 @@ class ArithmeticTask:
             return new, (amount, new)
 
         answer, (amounts, values) = jax.lax.scan(apply_op, start, (ops, u))
-        digits = self.answer_digits
+        digits, vocab = self.answer_digits, self.vocab
+        names, name_lengths = vocab.segment_table(NAMES)
+        items, item_lengths = vocab.segment_table(ITEMS)
+        prefixes, prefix_lengths = vocab.segment_table(OP_PREFIX)
+        suffixes, suffix_lengths = vocab.segment_table(OP_SUFFIX)
+
+        def number(value):
+            tokens, length = text.int_tokens(value, digits)
+            return vocab.symbols(tokens), length
+
         obs, n = jnp.zeros(self.obs_len, jnp.int32), 0
-        obs, n = text.append(obs, n, _NAME_T[name], _NAME_L[name])
-        obs, n = text.append(obs, n, text.const(" has "))
-        obs, n = text.append(obs, n, *text.int_tokens(start, digits))
-        obs, n = text.append(obs, n, text.const(" "))
-        obs, n = text.append(obs, n, _ITEM_T[item], _ITEM_L[item])
-        obs, n = text.append(obs, n, text.const("."))
+        obs, n = text.append(obs, n, names[name], name_lengths[name])
+        obs, n = text.append(obs, n, vocab.segment(" has "))
+        obs, n = text.append(obs, n, *number(start))
+        obs, n = text.append(obs, n, vocab.segment(" "))
+        obs, n = text.append(obs, n, items[item], item_lengths[item])
+        obs, n = text.append(obs, n, vocab.segment("."))
         work, w = jnp.zeros(self.action_len, jnp.int32), 0
         current = start
         for i in range(self.steps):
             op = ops[i]
-            obs, n = text.append(obs, n, _PRE_T[op], _PRE_L[op])
-            obs, n = text.append(obs, n, *text.int_tokens(amounts[i], digits))
-            obs, n = text.append(obs, n, _SUF_T[op], _SUF_L[op])
+            obs, n = text.append(obs, n, prefixes[op], prefix_lengths[op])
+            obs, n = text.append(obs, n, *number(amounts[i]))
+            obs, n = text.append(obs, n, suffixes[op], suffix_lengths[op])
             work, w = text.append(work, w, *text.int_tokens(current, digits))
             work, w = text.append(work, w, _SYMBOL_T[op][None])
             work, w = text.append(work, w, *text.int_tokens(amounts[i], digits))
@@ -133,17 +143,18 @@ class ArithmeticTask:
             work, w = text.append(work, w, *text.int_tokens(values[i], digits))
             work, w = text.append(work, w, text.const(" "))
             current = values[i]
-        obs, n = text.append(obs, n, text.const(" How many "))
-        obs, n = text.append(obs, n, _ITEM_T[item], _ITEM_L[item])
-        obs, n = text.append(obs, n, text.const(" now?\n"))
+        obs, n = text.append(obs, n, vocab.segment(" How many "))
+        obs, n = text.append(obs, n, items[item], item_lengths[item])
+        obs, n = text.append(obs, n, vocab.segment(" now?\n"))
         work, w = text.append(work, w, text.const("#### "))
         work, w = text.append(work, w, *text.int_tokens(answer, digits))
         work, w = text.append(work, w, np.asarray([text.EOS], np.int32))
-        return obs, n, ArithmeticState(answer=answer, expert=work, expert_length=w)
+        return obs, n, ArithmeticState(answer=answer, expert=vocab.symbols(work), expert_length=w)
 
     def step(self, state, action, action_length):
         reward, success, ok = score_answer(action, action_length, state.answer,
-                                           self.answer_digits + 1, self.format_penalty)
+                                           self.answer_digits + 1, self.format_penalty,
+                                           self.vocab)
         empty = jnp.zeros(self.obs_len, jnp.int32)
         return empty, jnp.int32(0), state, reward, jnp.bool_(True), {
             "success": success, "format_ok": ok}

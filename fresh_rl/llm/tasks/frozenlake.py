@@ -6,7 +6,7 @@ solvable by construction. With probability `slip_prob` a move goes to a random p
 direction instead (gym's "slippery" ice, as a knob).
 Observation: (first turn only) the rules line, then the grid, one row per line:
   'P' player, 'O' hole, 'G' goal, '_' ice; then "move:".
-Action: one of U D L R followed by EOS. Reward 1 on reaching G (episode ends), 0 otherwise;
+Action: one of U D L R followed by EOS (the vocabulary's end-of-turn token). Reward 1 on reaching G (episode ends), 0 otherwise;
 falling in a hole ends the episode; a malformed action costs `format_penalty` and does not
 move. The episode also ends after `max_turns` moves.
 """
@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fresh_rl.llm.tasks import text
+from fresh_rl.llm.tasks.vocab import CHAR_VOCAB, SpeaksVocab, TaskVocab
 from fresh_rl.validation import require_in_range
 
 RULES = "Reach G, avoid O. Reply U, D, L or R.\n"
@@ -51,14 +52,16 @@ def grid_distances(blocked, goal, size: int):
 
 
 @flax.struct.dataclass
-class FrozenLakeTask:
+class FrozenLakeTask(SpeaksVocab):
     size: int = flax.struct.field(pytree_node=False, default=4)
     hole_prob: float = flax.struct.field(pytree_node=False, default=0.3)
     slip_prob: float = flax.struct.field(pytree_node=False, default=0.0)
     max_turns: int = flax.struct.field(pytree_node=False, default=8)
     format_penalty: float = flax.struct.field(pytree_node=False, default=0.15)
+    vocab: TaskVocab = flax.struct.field(pytree_node=False, default=CHAR_VOCAB, repr=False)
 
     def __post_init__(self):
+        self.vocab.require_symbols("FrozenLakeTask", "_OGP\n" + MOVES)
         require_in_range("FrozenLakeTask.size", self.size, 2, 8)
         require_in_range("FrozenLakeTask.hole_prob", self.hole_prob, 0.0, 1.0)
         require_in_range("FrozenLakeTask.slip_prob", self.slip_prob, 0.0, 1.0)
@@ -73,14 +76,15 @@ class FrozenLakeTask:
 
     @property
     def transcript_len(self) -> int:
-        """BOS + rules + max_turns x (action + grid)."""
-        return text.grid_transcript_len(RULES, self.obs_len, self.action_len, self.max_turns)
+        """BOS + rules + max_turns x (action + grid + chat framing)."""
+        return text.grid_transcript_len(RULES, self.obs_len, self.action_len, self.max_turns,
+                                        self.vocab.frame_len)
 
     def _render(self, state, with_rules):
         s = self.size
         grid = jnp.where(state.holes, _HOLE, _ICE).at[s - 1, s - 1].set(_GOAL)
         grid = grid.at[state.player[0], state.player[1]].set(_PLAYER)
-        return text.grid_observation(grid, RULES, with_rules, self.obs_len)
+        return text.grid_observation(grid, RULES, with_rules, self.obs_len, self.vocab)
 
     def reset(self, key):
         s = self.size
@@ -98,9 +102,10 @@ class FrozenLakeTask:
 
     def step(self, state, action, action_length):
         s = self.size
-        length, has_eos = text.strip_eos(action, action_length)
-        move = jnp.argmax(action[0] == _MOVE_T)
-        ok = has_eos & (length == 1) & jnp.any(action[0] == _MOVE_T)
+        chars, length = self.vocab.to_chars(action, action_length)
+        length, has_eos = text.strip_eos(chars, length)
+        move = jnp.argmax(chars[0] == _MOVE_T)
+        ok = has_eos & (length == 1) & jnp.any(chars[0] == _MOVE_T)
         key, k_slip, k_side = jax.random.split(state.key, 3)
         slipped = jax.random.uniform(k_slip) < self.slip_prob
         # Perpendicular moves: U/D (0, 1) slip to L/R (2, 3) and vice versa.
@@ -122,4 +127,4 @@ class FrozenLakeTask:
         dist = grid_distances(state.holes, jnp.array([s - 1, s - 1]), s)
         targets = jnp.clip(state.player[None] + jnp.asarray(DELTAS), 0, s - 1)
         move = jnp.argmin(dist[targets[:, 0], targets[:, 1]])
-        return jnp.stack([_MOVE_T[move], text.EOS]).astype(jnp.int32), jnp.int32(2)
+        return self.vocab.symbols(jnp.stack([_MOVE_T[move], text.EOS])), jnp.int32(2)

@@ -2,8 +2,9 @@
 
 GSM8K lines are `{"question": str, "answer": "<rationale> #### <integer>"}`; the integer may
 contain thousands separators ("1,234"). We ship no data: users point `load_gsm8k_jsonl` at
-their own copy. The task speaks the char tokenizer (questions must be printable ASCII) and
-scores like `ArithmeticTask` (integer after the last '#').
+their own copy. Questions are encoded with the task vocabulary's tokenizer (with the char
+vocabulary they must be printable ASCII); answers score like `ArithmeticTask` (integer after
+the last '#').
 """
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fresh_rl.llm.tasks import text
-from fresh_rl.llm.tasks.arithmetic import score_answer
+from fresh_rl.llm.tasks.arithmetic import ANSWER_SYMBOLS, score_answer
+from fresh_rl.llm.tasks.vocab import CHAR_VOCAB, SpeaksVocab, TaskVocab
 from fresh_rl.validation import require_in_range
-from fresh_rl.llm.tokenizer import CHAR_TOKENIZER
 
 
 def load_gsm8k_jsonl(path: str) -> list[tuple[str, int]]:
@@ -50,36 +51,39 @@ class Gsm8kState:
 
 
 @flax.struct.dataclass
-class Gsm8kTask:
-    """Single-turn task over a problem bank (`questions [N, obs_len]`, lengths, answers)."""
+class Gsm8kTask(SpeaksVocab):
+    """Single-turn task over a problem bank (`questions [N, obs_len]` model tokens, lengths,
+    answers)."""
 
     questions: jax.Array
     question_lengths: jax.Array
     answers: jax.Array
     answer_digits: int = flax.struct.field(pytree_node=False, default=9)
     format_penalty: float = flax.struct.field(pytree_node=False, default=0.15)
+    vocab: TaskVocab = flax.struct.field(pytree_node=False, default=CHAR_VOCAB, repr=False)
 
     max_turns = 1
 
     @property
     def transcript_len(self) -> int:
-        return 1 + self.obs_len + self.action_len
+        return 1 + self.obs_len + self.action_len + self.vocab.frame_len
 
     @classmethod
-    def from_records(cls, records, max_question_chars: int = 400, format_penalty: float = 0.15):
-        """Encodes (question, answer) pairs; questions get a trailing newline.
+    def from_records(cls, records, max_question_chars: int = 400, format_penalty: float = 0.15,
+                     vocab: TaskVocab = CHAR_VOCAB):
+        """Encodes (question, answer) pairs with ``vocab``; questions get a trailing newline.
 
-        Raises ValueError on a question longer than `max_question_chars` or with characters
-        outside the char tokenizer.
+        Raises ValueError on a question longer than `max_question_chars` tokens or (char
+        vocabulary) with characters outside the char tokenizer.
         """
         if not records:
             raise ValueError("Gsm8kTask.from_records needs at least one record")
         questions = np.zeros((len(records), max_question_chars), np.int32)
         lengths = np.zeros(len(records), np.int32)
         for i, (question, _) in enumerate(records):
-            ids = CHAR_TOKENIZER.encode(question + "\n")
+            ids = vocab.tokenizer.encode(question + "\n")
             if len(ids) > max_question_chars:
-                raise ValueError(f"question {i} has {len(ids)} characters > "
+                raise ValueError(f"question {i} has {len(ids)} tokens > "
                                  f"max_question_chars={max_question_chars}")
             questions[i, :len(ids)] = ids
             lengths[i] = len(ids)
@@ -87,9 +91,10 @@ class Gsm8kTask:
         if np.abs(answers).max() >= 10 ** 9:
             raise ValueError("Gsm8kTask answers must have at most 9 digits")
         return cls(jnp.asarray(questions), jnp.asarray(lengths),
-                   jnp.asarray(answers, jnp.int32), format_penalty=format_penalty)
+                   jnp.asarray(answers, jnp.int32), format_penalty=format_penalty, vocab=vocab)
 
     def __post_init__(self):
+        self.vocab.require_symbols("Gsm8kTask", ANSWER_SYMBOLS)
         require_in_range("Gsm8kTask.format_penalty", self.format_penalty, 0.0, 10.0)
 
     @property
@@ -107,7 +112,7 @@ class Gsm8kTask:
 
     def step(self, state, action, action_length):
         reward, success, ok = score_answer(action, action_length, state.answer,
-                                           self.answer_digits, self.format_penalty)
+                                           self.answer_digits, self.format_penalty, self.vocab)
         empty = jnp.zeros(self.obs_len, jnp.int32)
         return empty, jnp.int32(0), state, reward, jnp.bool_(True), {
             "success": success, "format_ok": ok}
@@ -118,4 +123,5 @@ class Gsm8kTask:
         value = jnp.abs(state.answer)
         action, n = text.append(action, n, text.const("-"), (state.answer < 0).astype(jnp.int32))
         action, n = text.append(action, n, *text.int_tokens(value, self.answer_digits))
-        return text.append(action, n, np.asarray([text.EOS], np.int32))
+        action, n = text.append(action, n, np.asarray([text.EOS], np.int32))
+        return self.vocab.symbols(action), n

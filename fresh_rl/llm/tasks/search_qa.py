@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from fresh_rl.llm.tasks import text
+from fresh_rl.llm.tasks.vocab import CHAR_VOCAB, SpeaksVocab, TaskVocab
 from fresh_rl.validation import require_in_range
 
 RELATIONS = ("color", "city", "pet", "food")
@@ -27,7 +28,6 @@ RULES = "Use search:<name> or answer:<value>.\n"
 CONSONANTS, VOWELS = "bdfgklmnprstvz", "aeiou"
 NAME_LEN = 4
 _NUM_NAMES = (len(CONSONANTS) * len(VOWELS)) ** 2
-_REL_T, _REL_L = text.const_table(RELATIONS)
 _CONS_T = jnp.asarray(text.const(CONSONANTS))
 _VOW_T = jnp.asarray(text.const(VOWELS))
 _SEARCH, _ANSWER = text.const("search:"), text.const("answer:")
@@ -42,8 +42,8 @@ def name_tokens(index):
 
 @flax.struct.dataclass
 class SearchQAState:
-    names: jax.Array  # [E, 4] tokens
-    values: jax.Array  # [E, R, 4] tokens
+    names: jax.Array  # [E, 4] char ids
+    values: jax.Array  # [E, R, 4] char ids
     entity: jax.Array  # asked entity
     relation: jax.Array  # asked relation
     searched: jax.Array  # the asked entity has been searched
@@ -52,15 +52,17 @@ class SearchQAState:
 
 
 @flax.struct.dataclass
-class SearchQATask:
+class SearchQATask(SpeaksVocab):
     num_entities: int = flax.struct.field(pytree_node=False, default=4)
     num_relations: int = flax.struct.field(pytree_node=False, default=2)
     max_turns: int = flax.struct.field(pytree_node=False, default=3)
     tool_cost: float = flax.struct.field(pytree_node=False, default=0.05)
     format_penalty: float = flax.struct.field(pytree_node=False, default=0.15)
     name_pool: int = flax.struct.field(pytree_node=False, default=_NUM_NAMES)
+    vocab: TaskVocab = flax.struct.field(pytree_node=False, default=CHAR_VOCAB, repr=False)
 
     def __post_init__(self):
+        self.vocab.require_symbols("SearchQATask", CONSONANTS + VOWELS + "search:answer:")
         require_in_range("SearchQATask.num_entities", self.num_entities, 1, 64)
         require_in_range("SearchQATask.name_pool", self.name_pool, self.num_entities, _NUM_NAMES)
         require_in_range("SearchQATask.num_relations", self.num_relations, 1, len(RELATIONS))
@@ -79,7 +81,7 @@ class SearchQATask:
 
     @property
     def transcript_len(self) -> int:
-        return 1 + self.max_turns * (self.obs_len + self.action_len)
+        return 1 + self.max_turns * (self.obs_len + self.action_len + self.vocab.frame_len)
 
     def reset(self, key):
         k_names, k_values, k_entity, k_relation = jax.random.split(key, 4)
@@ -93,28 +95,31 @@ class SearchQATask:
         state = SearchQAState(names=names, values=values, entity=entity, relation=relation,
                               searched=jnp.bool_(False), turn=jnp.int32(0),
                               tool_calls=jnp.int32(0))
-        obs, n = text.append(jnp.zeros(self.obs_len, jnp.int32), 0, text.const(RULES))
-        obs, n = text.append(obs, n, text.const("Q: what is the "))
-        obs, n = text.append(obs, n, _REL_T[relation], _REL_L[relation])
-        obs, n = text.append(obs, n, text.const(" of "))
-        obs, n = text.append(obs, n, names[entity])
-        obs, n = text.append(obs, n, text.const("?\n"))
+        vocab = self.vocab
+        relations, relation_lengths = vocab.segment_table(RELATIONS)
+        obs, n = text.append(jnp.zeros(self.obs_len, jnp.int32), 0, vocab.segment(RULES))
+        obs, n = text.append(obs, n, vocab.segment("Q: what is the "))
+        obs, n = text.append(obs, n, relations[relation], relation_lengths[relation])
+        obs, n = text.append(obs, n, vocab.segment(" of "))
+        obs, n = text.append(obs, n, vocab.symbols(names[entity]))
+        obs, n = text.append(obs, n, vocab.segment("?\n"))
         return obs, n, state
 
     def _result(self, state, found, index):
-        obs = jnp.zeros(self.obs_len, jnp.int32)
-        hit, n = text.append(obs, 0, state.names[index])
-        hit, n = text.append(hit, n, text.const(":"))
+        vocab, obs = self.vocab, jnp.zeros(self.obs_len, jnp.int32)
+        hit, n = text.append(obs, 0, vocab.symbols(state.names[index]))
+        hit, n = text.append(hit, n, vocab.segment(":"))
         for r in range(self.num_relations):
-            hit, n = text.append(hit, n, text.const(" " + RELATIONS[r] + " "))
-            hit, n = text.append(hit, n, state.values[index, r])
-            hit, n = text.append(hit, n, text.const("," if r + 1 < self.num_relations else "."))
-        hit, n = text.append(hit, n, text.const("\n"))
-        miss, m = text.append(obs, 0, text.const("no result.\n"))
+            hit, n = text.append(hit, n, vocab.segment(" " + RELATIONS[r] + " "))
+            hit, n = text.append(hit, n, vocab.symbols(state.values[index, r]))
+            hit, n = text.append(hit, n, vocab.segment("," if r + 1 < self.num_relations else "."))
+        hit, n = text.append(hit, n, vocab.segment("\n"))
+        miss, m = text.append(obs, 0, vocab.segment("no result.\n"))
         return jnp.where(found, hit, miss), jnp.where(found, n, m)
 
     def step(self, state, action, action_length):
-        length, has_eos = text.strip_eos(action, action_length)
+        action, length = self.vocab.to_chars(action, action_length)
+        length, has_eos = text.strip_eos(action, length)
         prefix = len(_SEARCH)
         is_search = has_eos & text.starts_with(action, length, _SEARCH) & (
             length == prefix + NAME_LEN)
@@ -132,7 +137,8 @@ class SearchQATask:
             searched=state.searched | (is_search & found & (index == state.entity)),
             turn=turn, tool_calls=state.tool_calls + is_search)
         obs, n = self._result(state, found, index)
-        invalid, m = text.append(jnp.zeros(self.obs_len, jnp.int32), 0, text.const("invalid.\n"))
+        invalid, m = text.append(jnp.zeros(self.obs_len, jnp.int32), 0,
+                                 self.vocab.segment("invalid.\n"))
         obs = jnp.where(is_search, obs, jnp.where(is_answer, 0, invalid))
         n = jnp.where(is_search, n, jnp.where(is_answer, 0, m))
         done = is_answer | (turn >= self.max_turns)
@@ -144,4 +150,4 @@ class SearchQATask:
                             state.names[state.entity])
         verb = jnp.where(state.searched, jnp.asarray(_ANSWER), jnp.asarray(_SEARCH))
         action = jnp.concatenate([verb, payload, jnp.array([text.EOS], jnp.int32)])
-        return action.astype(jnp.int32), jnp.int32(self.action_len)
+        return self.vocab.symbols(action), jnp.int32(self.action_len)

@@ -8,7 +8,7 @@ solution; it is kept in the state as the expert demonstration. Levels that end u
 are re-drawn.
 Observation: (first turn only) the rules, then the grid: '#' wall, '_' floor, '.' target,
 '$' box, '*' box on target, '@' player, '+' player on target; then "move:".
-Action: U, D, L or R then EOS. Reward (ROLL/RAGEN convention): -0.1 per move, +1 for a box
+Action: U, D, L or R then EOS (the vocabulary's end-of-turn token). Reward (ROLL/RAGEN convention): -0.1 per move, +1 for a box
 pushed onto a target, -1 for one pushed off, +10 when all boxes are on targets (episode
 ends); a malformed action costs `format_penalty` and does not move.
 """
@@ -19,8 +19,9 @@ import jax
 import jax.numpy as jnp
 
 from fresh_rl.llm.tasks import text
-from fresh_rl.validation import require_in_range
 from fresh_rl.llm.tasks.frozenlake import DELTAS, MOVES
+from fresh_rl.llm.tasks.vocab import CHAR_VOCAB, SpeaksVocab, TaskVocab
+from fresh_rl.validation import require_in_range
 
 RULES = "Push every $ onto a . target. Reply U, D, L or R.\n"
 _MOVE_T = jnp.asarray(text.const(MOVES))
@@ -58,14 +59,16 @@ def move_player(walls, boxes, player, move):
 
 
 @flax.struct.dataclass
-class SokobanTask:
+class SokobanTask(SpeaksVocab):
     size: int = flax.struct.field(pytree_node=False, default=5)
     num_boxes: int = flax.struct.field(pytree_node=False, default=1)
     reverse_steps: int = flax.struct.field(pytree_node=False, default=8)
     max_turns: int = flax.struct.field(pytree_node=False, default=10)
     format_penalty: float = flax.struct.field(pytree_node=False, default=0.15)
+    vocab: TaskVocab = flax.struct.field(pytree_node=False, default=CHAR_VOCAB, repr=False)
 
     def __post_init__(self):
+        self.vocab.require_symbols("SokobanTask", "#_.$*@+\n" + MOVES)
         require_in_range("SokobanTask.size", self.size, 4, 10)
         require_in_range("SokobanTask.num_boxes", self.num_boxes, 1, (self.size - 2) ** 2 // 4)
         require_in_range("SokobanTask.reverse_steps", self.reverse_steps, 1, 64)
@@ -80,8 +83,9 @@ class SokobanTask:
 
     @property
     def transcript_len(self) -> int:
-        """BOS + rules + max_turns x (action + grid)."""
-        return text.grid_transcript_len(RULES, self.obs_len, self.action_len, self.max_turns)
+        """BOS + rules + max_turns x (action + grid + chat framing)."""
+        return text.grid_transcript_len(RULES, self.obs_len, self.action_len, self.max_turns,
+                                        self.vocab.frame_len)
 
     def _draw_level(self, key):
         s = self.size
@@ -124,7 +128,7 @@ class SokobanTask:
         on_target = state.targets[state.player[0], state.player[1]]
         grid = grid.at[state.player[0], state.player[1]].set(
             jnp.where(on_target, text.tok("+"), text.tok("@")))
-        return text.grid_observation(grid, RULES, with_rules, self.obs_len)
+        return text.grid_observation(grid, RULES, with_rules, self.obs_len, self.vocab)
 
     def reset(self, key):
         def unsolved(carry):
@@ -142,9 +146,10 @@ class SokobanTask:
         return obs, n, state
 
     def step(self, state, action, action_length):
-        length, has_eos = text.strip_eos(action, action_length)
-        ok = has_eos & (length == 1) & jnp.any(action[0] == _MOVE_T)
-        move = jnp.argmax(action[0] == _MOVE_T)
+        chars, length = self.vocab.to_chars(action, action_length)
+        length, has_eos = text.strip_eos(chars, length)
+        ok = has_eos & (length == 1) & jnp.any(chars[0] == _MOVE_T)
+        move = jnp.argmax(chars[0] == _MOVE_T)
         boxes, player, _ = move_player(state.walls, state.boxes, state.player, move)
         boxes = jnp.where(ok, boxes, state.boxes)
         player = jnp.where(ok, player, state.player)
@@ -162,4 +167,4 @@ class SokobanTask:
 
     def expert_action(self, state):
         move = state.solution[jnp.minimum(state.turn, self.reverse_steps - 1)]
-        return jnp.stack([_MOVE_T[move], text.EOS]).astype(jnp.int32), jnp.int32(2)
+        return self.vocab.symbols(jnp.stack([_MOVE_T[move], text.EOS])), jnp.int32(2)

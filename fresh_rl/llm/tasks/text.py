@@ -1,12 +1,12 @@
 """Jittable text helpers over the character tokenizer: building and parsing token arrays.
 
-Token arrays are right-padded with PAD (0) and carry an explicit length.
+Token arrays are right-padded with PAD (0) and carry an explicit length. Tasks generate and
+parse text in these char ids; what they show the model goes through their
+:class:`fresh_rl.llm.tasks.vocab.TaskVocab` (``segment`` for fixed text, ``symbols`` for char
+ids, ``to_chars`` for the model's actions).
 """
 from __future__ import annotations
 
-from typing import Sequence
-
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -23,15 +23,6 @@ def tok(char: str) -> int:
 def const(text: str) -> np.ndarray:
     """Host-side constant token array for a fixed string."""
     return np.asarray(CHAR_TOKENIZER.encode(text), np.int32)
-
-
-def const_table(texts: Sequence[str]) -> tuple[jax.Array, jax.Array]:
-    """Right-padded `[K, max_len]` table of strings and their lengths `[K]`."""
-    width = max(len(t) for t in texts)
-    table = np.zeros((len(texts), width), np.int32)
-    for i, t in enumerate(texts):
-        table[i, :len(t)] = const(t)
-    return jnp.asarray(table), jnp.asarray([len(t) for t in texts], jnp.int32)
 
 
 def append(buffer, length, segment, segment_length=None):
@@ -100,21 +91,25 @@ GRID_PROMPT = "move:"
 
 
 def grid_observation_len(rules: str, size: int) -> int:
-    """Tokens of a grid observation: the rules, ``size`` rows of ``size`` cells plus a newline,
-    and the ``move:`` prompt."""
+    """Characters (a bound on the tokens) of a grid observation: the rules, ``size`` rows of
+    ``size`` cells plus a newline, and the ``move:`` prompt."""
     return len(rules) + size * (size + 1) + len(GRID_PROMPT)
 
 
-def grid_transcript_len(rules: str, obs_len: int, action_len: int, max_turns: int) -> int:
-    """BOS + the rules once + ``max_turns`` × (action + grid observation without the rules)."""
-    return 1 + len(rules) + max_turns * (action_len + obs_len - len(rules))
+def grid_transcript_len(rules: str, obs_len: int, action_len: int, max_turns: int,
+                        frame_len: int = 0) -> int:
+    """BOS + the rules once + ``max_turns`` × (action + grid observation without the rules
+    + ``frame_len`` chat-framing tokens)."""
+    return 1 + len(rules) + max_turns * (action_len + obs_len - len(rules) + frame_len)
 
 
-def grid_observation(grid, rules: str, with_rules, obs_len: int):
-    """``[obs_len]`` tokens and length: the rules (only when ``with_rules``), the ``[s, s]``
-    grid of cell tokens row by row, each row ended by a newline, then the ``move:`` prompt."""
+def grid_observation(grid, rules: str, with_rules, obs_len: int, vocab):
+    """``[obs_len]`` model tokens and length: the rules (only when ``with_rules``), the
+    ``[s, s]`` grid of cell char ids row by row, each row ended by a newline, then the
+    ``move:`` prompt."""
     rows = jnp.concatenate([grid, jnp.full((grid.shape[0], 1), tok("\n"))], axis=1).reshape(-1)
-    obs, n = append(jnp.zeros(obs_len, jnp.int32), 0, const(rules),
-                    jnp.where(with_rules, len(rules), 0))
-    obs, n = append(obs, n, rows)
-    return append(obs, n, const(GRID_PROMPT))
+    rules_ids = vocab.segment(rules)
+    obs, n = append(jnp.zeros(obs_len, jnp.int32), 0, rules_ids,
+                    jnp.where(with_rules, len(rules_ids), 0))
+    obs, n = append(obs, n, vocab.symbols(rows))
+    return append(obs, n, vocab.segment(GRID_PROMPT))
