@@ -44,7 +44,6 @@ from fresh_rl.llm import advantages as adv_lib
 from fresh_rl.llm.model import Qwen2Config
 from fresh_rl.llm.rollout import Episodes, model_policy, run_episodes
 from fresh_rl.llm.sampler import LOGPROB_CHUNK_TOKENS, SamplingConfig, token_logprobs_and_entropy
-from fresh_rl.llm.tasks import text
 from fresh_rl.sweep.keys import seed_key, seed_keys, split_run_key
 from fresh_rl.sweep.loop import run_loop
 from fresh_rl.validation import require_choice, require_in_range
@@ -217,8 +216,9 @@ def init_train_state(config: RLConfig, params) -> TrainState:
 
 
 def sampling_config(config: RLConfig, env) -> SamplingConfig:
+    """The sampler stops on the task vocabulary's end tokens and pads with its pad id."""
     return SamplingConfig(max_new_tokens=env.action_len, temperature=config.temperature,
-                          stop_tokens=(text.EOS,), pad_id=text.PAD)
+                          stop_tokens=env.stop_tokens, pad_id=env.pad_id)
 
 
 def first_action_index(action_mask: jax.Array) -> jax.Array:
