@@ -22,6 +22,12 @@ Writes to --out (default results/freshper for cpu, results/freshper_<scale> othe
   ess_vs_age.csv  per (task, method, age): token ESS/n and KL(π_old‖π_θ) of the stored
                   trajectories at the end of the run; ess_fit.csv: fitted decay rates
   learning_curves.png, tau_ablation.png, ess_vs_age.png, config.json
+
+``--model PATH`` (any Hugging Face folder with its tokenizer, e.g. Qwen2.5-0.5B-Instruct)
+starts from that model, the tasks speaking its tokenizer and chat template, e.g.:
+
+  .venv/bin/python experiments/freshper.py --scale ci --model tests/fixtures/qwen2_bpe_tiny \
+      --out /tmp/freshper_standin
 """
 from __future__ import annotations
 
@@ -39,8 +45,10 @@ import numpy as np
 from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
 from fresh_rl.eval import seed_interval
 from fresh_rl.llm import replay_trainer as rt
+from fresh_rl.llm.checkpoint import add_model_flag, load_hf_model
 from fresh_rl.llm.presets import FRESHPER_SCALES as SCALES
 from fresh_rl.llm.presets import RESULTS, SYNC, TASKS, FreshPERScale, load_params
+from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.provenance import provenance, write_csv
 from fresh_rl.sweep.checkpoint import RunCheckpointer
 from fresh_rl.sweep.integrity import tree_checksum
@@ -50,11 +58,12 @@ Scale = FreshPERScale
 RENAMED_METRICS = {"lag_mean": "lag/version_gap_mean", "lag_max": "lag/version_gap_max"}
 
 
-def run_method(scale: Scale, task: str, method: str, replay_config, params, model_config,
+def run_method(scale: Scale, task: str, env, method: str, replay_config, params, model_config,
                out: str, log):
-    """One vmapped run (all rows); its history and the ESS-vs-age statistics of the final
-    buffers. Resumes from ``out/checkpoints`` after an interruption."""
-    env, rows = TASKS[task], scale.run_rows(task, method)
+    """One vmapped run (all rows) of ``env`` (the settings of task ``task``); its history and
+    the ESS-vs-age statistics of the final buffers. Resumes from ``out/checkpoints`` after an
+    interruption."""
+    rows = scale.run_rows(task, method)
     state = None
     if scale.ablates_tau(task, method):  # τ rows of one program, common seeds across τ
         state = rt.set_initial_tau(rt.init_state(scale.rl, SYNC, replay_config, params, env),
@@ -200,6 +209,7 @@ def main(argv=None):
     parser.add_argument("--out", default=None, help="output folder (default results/freshper[_<scale>])")
     parser.add_argument("--checkpoint", default=None,
                         help="initial parameters (default: the tiny warm start)")
+    add_model_flag(parser)
     parser.add_argument("--tasks", default=None,
                         help="comma-separated subset of the scale's tasks")
     parser.add_argument("--methods", default=None,
@@ -219,7 +229,13 @@ def main(argv=None):
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
     start, started = time.time(), time.perf_counter()
     log = lambda msg: print(f"[{time.time() - start:7.0f}s] {msg}", flush=True)  # noqa: E731
-    model_config, params = load_params(scale.model, args.checkpoint)
+    envs = TASKS
+    if args.model:
+        model_config, params, vocab = load_hf_model(args.model)
+        scale = dataclasses.replace(scale, model=args.model)
+        envs = {name: with_vocab(env, vocab) for name, env in TASKS.items()}
+    else:
+        model_config, params = load_params(scale.model, args.checkpoint)
     results = {}
     for task in scale.tasks:
         for method, replay_config in scale.methods:
@@ -233,8 +249,8 @@ def main(argv=None):
                 continue
             if task not in tasks or method not in methods or not scale.runs(task, method):
                 continue
-            history, drift, rows = run_method(scale, task, method, replay_config, params,
-                                              model_config, out, log)
+            history, drift, rows = run_method(scale, task, envs[task], method, replay_config,
+                                              params, model_config, out, log)
             np.savez(path, **{f"h:{k}": v for k, v in history.items()},
                      **{f"d:{k}": v for k, v in drift.items()})
             results[(task, method)] = (history, drift, rows)
@@ -256,7 +272,7 @@ def main(argv=None):
         json.dump({"scale": args.scale, **info,
                    "scale_config": dataclasses.asdict(scale), "tasks": {
                        k: {"class": type(v).__name__, **dataclasses.asdict(v)}
-                       for k, v in TASKS.items() if k in scale.tasks}},
+                       for k, v in envs.items() if k in scale.tasks}},
                   f, indent=1, default=str)
     log(f"wrote {out} in {wall:.0f} s")
     return out

@@ -9,6 +9,13 @@ updates per batch and prompt source (fresh prompts, or a fixed ``--prompt-pool``
 scores the warm start and the final policy on the same held-out prompts (bf16 sampler,
 temperature 1; the ci scale's 1024 episodes unless ``--eval-episodes``), and with a pool also
 on the pool's prompts. Appends one row to ``--out``.
+
+``--model PATH`` (a Hugging Face folder with its tokenizer, instead of ``--checkpoint``)
+starts from that model, the task speaking its tokenizer and chat template; e.g. the
+stand-in at the smallest scale:
+
+  .venv/bin/python experiments/llm_rl_probe.py --model tests/fixtures/qwen2_bpe_tiny \
+      --lr 1e-4 --iterations 2 --num-groups 2 --eval-episodes 16
 """
 from __future__ import annotations
 
@@ -20,16 +27,20 @@ import time
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
 from fresh_rl.llm import async_pipeline as ap
+from fresh_rl.llm.checkpoint import add_model_flag, load_hf_model
 from fresh_rl.llm.evaluation import evaluate_policies
 from fresh_rl.llm.model import preset
 from fresh_rl.llm.presets import OLD_LOGITS_SCALES, WARM_START
+from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.llm.warm_start import restore_params
 from fresh_rl.provenance import write_csv
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--checkpoint", default=WARM_START)
+    parser.add_argument("--checkpoint", default=WARM_START,
+                        help="orbax parameters of the tiny preset (ignored with --model)")
+    add_model_flag(parser)
     parser.add_argument("--lr", type=float, required=True)
     parser.add_argument("--iterations", type=int, default=8)
     parser.add_argument("--num-groups", type=int, default=8, help="prompts per batch (× 8 rollouts)")
@@ -49,13 +60,17 @@ def main(argv=None):
         base.rl, learning_rate=args.lr, num_groups=args.num_groups, epochs=args.epochs,
         minibatches=args.minibatches, prompt_pool=args.prompt_pool),
         eval_episodes=args.eval_episodes or base.eval_episodes)
-    model_config = preset("tiny")
-    params = restore_params(args.checkpoint, model_config)
+    if args.model:
+        model_config, params, vocab = load_hf_model(args.model)
+        scale = dataclasses.replace(scale, env=with_vocab(scale.env, vocab))
+    else:
+        model_config = preset("tiny")
+        params = restore_params(args.checkpoint, model_config)
     start = time.time()
     state, history = ap.train_loop(scale.rl, scale.async_config("snapshot"),
                                    args.seed, args.iterations, params=params,
                                    env=scale.env, model_config=model_config, window=1)
-    row = {"checkpoint": args.checkpoint, "learning_rate": args.lr,
+    row = {"checkpoint": args.model or args.checkpoint, "learning_rate": args.lr,
            "num_groups": args.num_groups, "iterations": args.iterations, "epochs": args.epochs,
            "minibatches": args.minibatches, "prompt_pool": args.prompt_pool, "seed": args.seed,
            "eval_episodes": scale.eval_episodes}

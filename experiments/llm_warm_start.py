@@ -16,6 +16,13 @@ results/llm_warm_start_arithmetic/ (checkpoint, success.csv with the success at 
 and greedy after every round, history.csv, README.md). The multi-task model answers 2–5% of
 the arithmetic prompts; the specialised one answers about a fifth, the starting point of the
 RL learning-rate probe (experiments/llm_rl_probe.py).
+
+``--model PATH`` (any Hugging Face folder with its tokenizer, e.g. Qwen2.5-0.5B-Instruct)
+fine-tunes that model instead of a fresh tiny one (with --specialize: instead of the
+multi-task checkpoint), the tasks speaking its tokenizer and chat template, e.g.:
+
+  .venv/bin/python experiments/llm_warm_start.py --scale ci --model tests/fixtures/qwen2_bpe_tiny \
+      --out /tmp/llm_warm_start_standin
 """
 from __future__ import annotations
 
@@ -29,8 +36,10 @@ import time
 import jax
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
+from fresh_rl.llm.checkpoint import add_model_flag, load_hf_model
 from fresh_rl.llm.model import preset
 from fresh_rl.llm.presets import CYCLE, RESULTS, SPECIALIZE, TASKS, WARM_START
+from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.llm.warm_start import (WarmStartConfig, evaluate, restore_params, save_params,
                                      warm_start)
 from fresh_rl.provenance import provenance, provenance_line, write_csv
@@ -52,21 +61,24 @@ def main(argv=None):
                         help="output folder (default results/llm_warm_start[_ci])")
     parser.add_argument("--specialize", choices=sorted(SPECIALIZE), default=None,
                         help="continue from results/llm_warm_start/checkpoint on one task")
+    add_model_flag(parser)
     add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
     enable_from_args(args)
     if args.specialize:
-        return specialize(args.specialize, args.out, argv)
+        return specialize(args.specialize, args.out, argv, args.model)
+    model_config, params, tasks = load_model(args.model)
     out = args.out or str(RESULTS / ("llm_warm_start" if args.scale != "ci"
                                      else "llm_warm_start_ci"))
     os.makedirs(out, exist_ok=True)
-    config, model_config = SCALES[args.scale], preset("tiny")
+    config = SCALES[args.scale]
     start, started = time.time(), time.perf_counter()
     key_train, key_eval = split_run_key(seed_key(args.seed))
-    params, history = warm_start(model_config, TASKS, config, key_train, cycle=CYCLE)
+    params, history = warm_start(model_config, tasks, config, key_train, params=params,
+                                 cycle=CYCLE)
     train_seconds = time.time() - start
     rows = []
-    for name, env in TASKS.items():
+    for name, env in tasks.items():
         metrics = evaluate(params, model_config, env, jax.random.fold_in(key_eval, len(rows)),
                            config.eval_episodes, config.eval_temperature)
         rows.append({"task": name, **metrics})
@@ -77,10 +89,10 @@ def main(argv=None):
     write_csv(os.path.join(out, "success.csv"), rows)
     write_csv(os.path.join(out, "history.csv"), history)
     with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump({"scale": args.scale, "seed": args.seed, "model": "tiny", **info,
+        json.dump({"scale": args.scale, "seed": args.seed, "model": args.model or "tiny", **info,
                    "warm_start": dataclasses.asdict(config), "cycle": CYCLE,
                    "tasks": {k: {"class": type(v).__name__, **dataclasses.asdict(v)}
-                             for k, v in TASKS.items()}}, f, indent=1)
+                             for k, v in tasks.items()}}, f, indent=1)
     table = "\n".join(f"| {r['task']} | {r['success']:.3f} | {r['return']:.3f} | "
                       f"{r['format_ok']:.3f} | {r['abs_log_rd_mean']:.2e} | "
                       f"{r['abs_log_rd_max']:.2e} |" for r in rows)
@@ -106,19 +118,31 @@ Parameters: checkpoint/ (orbax StandardCheckpointer; restore with
     print(f"wrote {out} in {wall:.0f} s")
 
 
+def load_model(model: str | None):
+    """(model_config, initial params, tasks): the tiny preset (fresh parameters, None) on
+    the char vocabulary, or the Hugging Face folder ``model`` with the tasks speaking its
+    tokenizer."""
+    if model is None:
+        return preset("tiny"), None, TASKS
+    model_config, params, vocab = load_hf_model(model)
+    return model_config, params, {name: with_vocab(env, vocab) for name, env in TASKS.items()}
+
+
 def command(argv) -> str:
     """The command line of this run, as a user would retype it."""
     return " ".join(["python experiments/llm_warm_start.py"]
                     + list(argv if argv is not None else sys.argv[1:]))
 
 
-def specialize(task: str, out: str | None, argv=None):
-    """Rounds of behaviour cloning on ``task`` alone from the multi-task checkpoint."""
+def specialize(task: str, out: str | None, argv=None, model: str | None = None):
+    """Rounds of behaviour cloning on ``task`` alone from the multi-task checkpoint (or the
+    Hugging Face folder ``model``)."""
     out = out or str(RESULTS / f"llm_warm_start_{task}")
     os.makedirs(out, exist_ok=True)
     rounds, config, seed = SPECIALIZE[task]
-    model_config, env = preset("tiny"), TASKS[task]
-    params = restore_params(WARM_START, model_config)
+    model_config, params, tasks = load_model(model)
+    env = tasks[task]
+    params = restore_params(WARM_START, model_config) if params is None else params
     key = seed_key(seed)
     started, rows, history = time.perf_counter(), [], []
 
@@ -143,7 +167,7 @@ def specialize(task: str, out: str | None, argv=None):
     write_csv(os.path.join(out, "history.csv"), history)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump({"specialize": task, "rounds": rounds, "seed": seed, **info,
-                   "init": "results/llm_warm_start/checkpoint",
+                   "init": model or "results/llm_warm_start/checkpoint",
                    "warm_start": dataclasses.asdict(config),
                    "task": {"class": type(env).__name__, **dataclasses.asdict(env)}}, f, indent=1)
     table = "\n".join(f"| {r['after_steps']} | {r['success_t1']:.3f} | {r['success_greedy']:.3f} "

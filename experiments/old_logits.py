@@ -25,7 +25,12 @@ Writes to --out (default results/old_logits, or results/old_logits_<scale> for c
                   the training prompts
   success_vs_step.png, mechanism.png, reset_ablation.png, config.json
 The ``paper`` scale configures the qwen2.5-0.5b preset (pass --checkpoint, an HF folder) and
-larger batches; it is not run here.
+larger batches; it is not run here. ``--model PATH`` (any Hugging Face folder with its
+tokenizer, e.g. Qwen2.5-0.5B-Instruct) runs a scale from that model with the task speaking
+its tokenizer and chat template, e.g. the stand-in at the smoke scale:
+
+  .venv/bin/python experiments/old_logits.py --scale smoke --model tests/fixtures/qwen2_bpe_tiny \
+      --out /tmp/old_logits_standin
 """
 from __future__ import annotations
 
@@ -42,10 +47,12 @@ import numpy as np
 from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
 from fresh_rl.eval import seed_interval
 from fresh_rl.llm import async_pipeline as ap
+from fresh_rl.llm.checkpoint import add_model_flag, load_hf_model
 from fresh_rl.llm.evaluation import evaluate_policies
 from fresh_rl.llm.old_logits import ROUTES
 from fresh_rl.llm.presets import OLD_LOGITS_SCALES as SCALES
 from fresh_rl.llm.presets import RESULTS, OldLogitsScale, load_params
+from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.provenance import provenance, write_csv
 from fresh_rl.sweep.checkpoint import RunCheckpointer
 from fresh_rl.sweep.integrity import tree_checksum
@@ -241,6 +248,7 @@ def main(argv=None):
                         help="output folder (default results/old_logits[_ci|_smoke])")
     parser.add_argument("--checkpoint", default=None,
                         help="initial parameters (default: the tiny warm start)")
+    add_model_flag(parser)
     parser.add_argument("--overhead-only", type=int, default=0, metavar="ROUNDS",
                         help="only re-time every route, interleaved, ROUNDS rounds at the "
                              "overhead window (writes overhead.csv/.md)")
@@ -259,7 +267,12 @@ def main(argv=None):
                                      else "old_logits"))
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
     start, started = time.time(), time.perf_counter()
-    model_config, params = load_params(scale.model, args.checkpoint or scale.warm_start)
+    if args.model:
+        model_config, params, vocab = load_hf_model(args.model)
+        scale = dataclasses.replace(scale, model=args.model,
+                                    env=with_vocab(scale.env, vocab))
+    else:
+        model_config, params = load_params(scale.model, args.checkpoint or scale.warm_start)
     log = lambda msg: print(f"[{time.time() - start:7.0f}s] {msg}", flush=True)  # noqa: E731
     if args.overhead_only:
         timed = time_routes_interleaved(scale, params, model_config, args.overhead_only)

@@ -11,13 +11,14 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from fresh_rl.llm.checkpoint import load_hf_checkpoint
+from fresh_rl.llm.checkpoint import load_hf_checkpoint, load_hf_model
 from fresh_rl.llm.model import preset
 from fresh_rl.llm.rollout import model_policy, run_episodes
 from fresh_rl.llm.sampler import SamplingConfig
-from fresh_rl.llm.tasks import ArithmeticTask, FrozenLakeTask, SearchQATask, SokobanTask
+from fresh_rl.llm.tasks import (ArithmeticTask, FrozenLakeTask, Gsm8kTask, SearchQATask,
+                                SokobanTask)
 from fresh_rl.llm.tasks.vocab import (CHAR_VOCAB, UNKNOWN_CHAR, TaskVocab, check_model_vocab,
-                                      render_chat_template)
+                                      render_chat_template, with_vocab)
 from fresh_rl.llm.tokenizer import CHAR_TOKENIZER
 from fresh_rl.llm.warm_start import WarmStartConfig, evaluate, warm_start
 
@@ -130,6 +131,30 @@ def test_mismatches_raise_naming_both():
     with pytest.raises(ValueError, match=r"stop_tokens \(2,\) must contain the stop tokens "
                                          r"\(2, 0\)"):
         run_episodes(env, model_policy(params, config, wrong_stop), jax.random.PRNGKey(0), 2)
+
+
+def test_load_hf_model_and_with_vocab():
+    config, params, vocab = load_hf_model(STANDIN)
+    assert vocab == BPE and config.vocab_size == vocab.vocab_size
+    env = with_vocab(ARITH, vocab)
+    check_model_vocab(env, config)
+    assert (env.digits, env.steps, env.stop_tokens, env.pad_id) == (2, 2, (2, 0), 0)
+    assert env.transcript_len == ARITH.transcript_len + BPE.frame_len
+    bank = Gsm8kTask.from_records([("Ann has 3 pens.", 3)], max_question_chars=32)
+    with pytest.raises(ValueError, match="problem bank is encoded in the vocabulary 'char'"):
+        with_vocab(bank, vocab)
+    assert with_vocab(bank, CHAR_VOCAB) is not None
+
+
+@pytest.mark.slow
+def test_rl_probe_runs_on_the_standin(load_experiment, tmp_path):
+    """experiments/llm_rl_probe.py --model at its smallest scale (~75 s on 2 loaded cores)."""
+    out = tmp_path / "probe.csv"
+    row = load_experiment("llm_rl_probe").main([
+        "--model", STANDIN, "--lr", "1e-4", "--iterations", "2", "--num-groups", "2",
+        "--eval-episodes", "16", "--out", str(out)])
+    assert row["checkpoint"] == STANDIN and out.exists()
+    assert 0.0 <= row["heldout_success_after"] <= 1.0
 
 
 def test_standin_model_plays_episodes_end_to_end():

@@ -267,3 +267,23 @@ def load_hf_checkpoint(directory: str, dtype=np.float32) -> tuple[Qwen2Config, d
         tensors.update(read_safetensors(os.path.join(directory, name)))
     source = os.path.join(directory, files[0]) if len(files) == 1 else directory
     return config, params_from_hf_tensors(tensors, config, dtype, source)
+
+
+def add_model_flag(parser) -> None:
+    """``--model PATH`` of the LLM experiments (read with :func:`load_hf_model`)."""
+    parser.add_argument("--model", default=None, metavar="PATH",
+                        help="a Hugging Face model folder with its tokenizer (config.json, "
+                             "*.safetensors, tokenizer.json, tokenizer_config.json; e.g. "
+                             "Qwen2.5-0.5B-Instruct): its weights replace the preset model's "
+                             "and the tasks speak its tokenizer and chat template")
+
+
+def load_hf_model(directory: str, dtype=np.float32):
+    """``(config, params, vocab)`` of a Hugging Face model folder with its tokenizer
+    (tokenizer.json, tokenizer_config.json; e.g. Qwen2.5-0.5B-Instruct): the model as
+    :func:`load_hf_checkpoint` and the task vocabulary
+    (:meth:`fresh_rl.llm.tasks.vocab.TaskVocab.from_pretrained`) its tasks must speak."""
+    from fresh_rl.llm.tasks.vocab import TaskVocab
+
+    config, params = load_hf_checkpoint(directory, dtype)
+    return config, params, TaskVocab.from_pretrained(directory)

@@ -11,6 +11,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from fresh_rl.llm.tasks.vocab import check_model_vocab
 from fresh_rl.llm.trainer import collect
 from fresh_rl.sweep.keys import seed_key
 
@@ -23,6 +24,7 @@ def make_evaluator(scale, model_config, on_training_prompts: bool = False):
     :class:`fresh_rl.llm.presets.OldLogitsScale`); the same key gives the same prompts.
     ``on_training_prompts``: the ``rl.prompt_pool`` training prompts, each
     ``E / prompt_pool`` times; else E fresh (held-out) prompts."""
+    check_model_vocab(scale.env, model_config)
     pool = scale.rl.prompt_pool if on_training_prompts else 0
     config = dataclasses.replace(scale.rl, num_groups=pool or scale.eval_episodes,
                                  group_size=scale.eval_episodes // pool if pool else 1,

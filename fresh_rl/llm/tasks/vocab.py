@@ -260,6 +260,18 @@ class SpeaksVocab:
         return self.vocab.bos_id
 
 
+def with_vocab(env, vocab: TaskVocab):
+    """``env`` speaking ``vocab`` (a task of the same settings). A GSM8K bank is encoded
+    when it is built: rebuild it with ``Gsm8kTask.from_records(..., vocab=vocab)``."""
+    from fresh_rl.llm.tasks.gsm8k import Gsm8kTask  # (it imports this module)
+
+    if isinstance(env, Gsm8kTask) and env.vocab != vocab:
+        raise ValueError(f"{type(env).__name__}'s problem bank is encoded in the vocabulary "
+                         f"{env.vocab.source!r}: rebuild it with from_records(..., vocab=) for "
+                         f"{vocab.source!r}")
+    return env.replace(vocab=vocab)
+
+
 def check_model_vocab(env, model_config) -> None:
     """ValueError naming both unless ``env`` speaks the vocabulary the model was built for."""
     vocab = env.vocab
@@ -271,4 +283,4 @@ def check_model_vocab(env, model_config) -> None:
 
 
 __all__ = ["CHAR_VOCAB", "SpeaksVocab", "TaskVocab", "UNKNOWN_CHAR", "chat_framing",
-           "check_model_vocab", "render_chat_template"]
+           "check_model_vocab", "render_chat_template", "with_vocab"]
