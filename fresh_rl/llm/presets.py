@@ -15,7 +15,8 @@ an editable install.
 * :class:`FreshPERScale` / :data:`FRESHPER_SCALES`, :data:`SYNC`, :func:`freshper_methods` —
   ``experiments/freshper.py`` (arXiv 2604.16918).
 * :func:`load_params` — ``(model_config, params)`` of a preset model.
-* :data:`QWEN2_5_1_5B` — the Qwen2.5-1.5B shapes (the scale benchmark's larger model).
+* :data:`QWEN2_5_1_5B` — the Qwen2.5-1.5B shapes (the scale benchmark's larger model);
+  :func:`char_task_for` — a char task sized for a preset model without its tokenizer.
 """
 from __future__ import annotations
 
@@ -45,6 +46,17 @@ QWEN2_5_1_5B = Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_siz
                            num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
                            max_position_embeddings=32768, rope_theta=1000000.0,
                            rms_norm_eps=1e-6, tie_word_embeddings=True)
+
+
+def char_task_for(env, model_config):
+    """``env`` speaking its char vocabulary widened to ``model_config.vocab_size`` (ids above
+    the char alphabet never produced by the task): what a scale benchmark of a preset without
+    its tokenizer folder runs (char-level sequence lengths). Unchanged for a task without a
+    ``vocab`` field."""
+    if not hasattr(env, "vocab"):
+        return env
+    return dataclasses.replace(env, vocab=dataclasses.replace(
+        env.vocab, vocab_size=model_config.vocab_size))
 
 # --------------------------------------------------------------------------- warm start
 
@@ -238,4 +250,5 @@ FRESHPER_SCALES = {
 
 __all__ = ["ARITHMETIC_WARM_START", "CYCLE", "FRESHPER_RL", "FRESHPER_SCALES", "FreshPERScale",
            "OLD_LOGITS_RL", "OLD_LOGITS_SCALES", "OldLogitsScale", "QWEN2_5_1_5B", "RESULTS",
-           "SPECIALIZE", "SYNC", "TASKS", "WARM_START", "freshper_methods", "load_params"]
+           "SPECIALIZE", "SYNC", "TASKS", "WARM_START", "char_task_for", "freshper_methods",
+           "load_params"]
