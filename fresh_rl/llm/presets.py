@@ -29,6 +29,7 @@ from fresh_rl.llm import replay_trainer as rt
 from fresh_rl.llm.model import Qwen2Config, preset
 from fresh_rl.llm.old_logits import BUILTIN_ROUTES
 from fresh_rl.llm.tasks import ArithmeticTask, FrozenLakeTask, SearchQATask, SokobanTask
+from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.llm.trainer import RLConfig
 from fresh_rl.llm.warm_start import WarmStartConfig
 from fresh_rl.provenance import REPOSITORY_ROOT
@@ -49,14 +50,10 @@ QWEN2_5_1_5B = Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_siz
 
 
 def char_task_for(env, model_config):
-    """``env`` speaking its char vocabulary widened to ``model_config.vocab_size`` (ids above
-    the char alphabet never produced by the task): what a scale benchmark of a preset without
-    its tokenizer folder runs (char-level sequence lengths). Unchanged for a task without a
-    ``vocab`` field."""
-    if not hasattr(env, "vocab"):
-        return env
-    return dataclasses.replace(env, vocab=dataclasses.replace(
-        env.vocab, vocab_size=model_config.vocab_size))
+    """``env`` speaking its (char) vocabulary widened to ``model_config.vocab_size`` (ids above
+    the tokenizer's never produced by the task): what a scale benchmark of a preset without
+    its tokenizer folder runs (char-level sequence lengths)."""
+    return with_vocab(env, dataclasses.replace(env.vocab, vocab_size=model_config.vocab_size))
 
 # --------------------------------------------------------------------------- warm start
 
