@@ -292,3 +292,48 @@ def test_decoupled_gradient_matches_finite_differences():
     lp, old, infer, adv, mask = random_inputs(4, stale=0.02, discrepancy=0.1, mask_prob=0.0)
     fn = lambda x: decoupled_ppo_loss(x, old, infer, adv, mask, config=DecoupledPPOConfig(clip=CLIP, tis_cap=2.0))[0]
     check_grads(fn, (jnp.asarray(lp),), order=1, modes=["rev"], atol=1e-2, rtol=1e-2, eps=1e-3)
+
+
+# --------------------------------------------------------------------------- numerator / count split
+
+
+@functools.lru_cache(maxsize=None)
+def whole_and_split_losses(config):
+    """Jitted value-and-gradient of the whole-batch loss and of the same loss assembled from a
+    split of the rows into [0, 1) and [1, B): Σ_parts numerator / Σ_parts kept count."""
+    from fresh_rl.corrections.decoupled import decoupled_ppo_loss_sum
+    from fresh_rl.corrections.policy_losses import token_mean_loss
+
+    def whole(lp, old, infer, adv, mask):
+        return decoupled_ppo_loss(lp, old, infer, adv, mask, config=config)[0]
+
+    def split(lp, old, infer, adv, mask):
+        parts = [decoupled_ppo_loss_sum(lp[rows], old[rows], infer[rows], adv[rows], mask[rows],
+                                        config=config) for rows in (slice(0, 1), slice(1, B))]
+        return token_mean_loss(sum(p[0] for p in parts), sum(p[1] for p in parts))
+
+    def count_and_active(lp, old, infer, adv, mask):
+        _, count, metrics = decoupled_ppo_loss_sum(lp, old, infer, adv, mask, config=config)
+        return count, metrics["active_token_fraction"]
+
+    return (jax.jit(jax.value_and_grad(whole)), jax.jit(jax.value_and_grad(split)),
+            jax.jit(count_and_active))
+
+
+@pytest.mark.parametrize("config", [
+    DecoupledPPOConfig(clip=CLIP, tis_cap=2.0),
+    DecoupledPPOConfig(clip=CLIP, tis_cap=1.5, tis_level="sequence",
+                       mis=MISConfig(token_bounds=None, geometric_mean_bounds=(0.8, 1.25))),
+])
+@given(seed=st.integers(0, 2**31 - 1))
+def test_row_split_sums_and_counts_give_the_whole_batch_loss(config, seed):
+    """Gradient accumulation's identity: the loss of the whole batch (value and gradient) is
+    Σ_parts numerator / Σ_parts kept count for a split by rows (sequence rules included), and
+    the count is the kept-token count ρ_active · valid."""
+    whole, split, count_and_active = whole_and_split_losses(config)
+    inputs = random_inputs(seed, discrepancy=0.5)
+    (value, grad), (split_value, split_grad) = whole(*inputs), split(*inputs)
+    np.testing.assert_allclose(split_value, value, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(split_grad, grad, rtol=1e-6, atol=1e-7)
+    count, active = count_and_active(*inputs)
+    assert float(count) == pytest.approx(float(active) * inputs[-1].sum(), rel=1e-6)

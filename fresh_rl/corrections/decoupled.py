@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from fresh_rl.corrections._validation import check_per_token
 from fresh_rl.validation import require_bounds, require_choice, require_in_range
 from fresh_rl.corrections.diagnostics import fraction, masked_sum, policy_diagnostics, valid_count
-from fresh_rl.corrections.policy_losses import PPOClipConfig, clipped_surrogate
+from fresh_rl.corrections.policy_losses import PPOClipConfig, clipped_surrogate, token_mean_loss
 
 Bounds = Optional[tuple[float, float]]
 
@@ -155,6 +155,64 @@ class DecoupledPPOConfig:
         require_choice("tis_level", self.tis_level, ("token", "sequence"))
 
 
+def decoupled_ppo_loss_sum(
+    log_probs: chex.Array,
+    old_train_log_probs: chex.Array,
+    infer_log_probs: chex.Array,
+    advantages: chex.Array,
+    mask: Optional[chex.Array] = None,
+    *,
+    config: DecoupledPPOConfig = DecoupledPPOConfig(),
+) -> tuple[chex.Array, chex.Array, dict[str, chex.Array]]:
+    """:func:`decoupled_ppo_loss` as ``(Σ_t m_t w_t ℓ_t, Σ_t m_t, metrics)``: the numerator and
+    the kept-token count (loss = :func:`~fresh_rl.corrections.policy_losses.token_mean_loss`
+    of the two).
+
+    The MIS mask m and the TIS weight w are per token or per sequence (row), so the numerator
+    of a batch split by rows is the sum of the parts' numerators; the loss of the whole batch
+    (gradient accumulation) is ``Σ_parts numerator / max(Σ_parts count, 1)``, the count
+    carrying no gradient (the mask is detached).
+    """
+    mask = check_per_token([log_probs, old_train_log_probs, infer_log_probs, advantages], mask, min_rank=2)
+    chex.assert_rank(log_probs, 2)
+    log_probs = jnp.where(mask, log_probs, 0.0)
+    old_train_log_probs = jnp.where(mask, jax.lax.stop_gradient(old_train_log_probs), 0.0)
+    infer_log_probs = jnp.where(mask, jax.lax.stop_gradient(infer_log_probs), 0.0)
+    advantages = jnp.where(mask, jax.lax.stop_gradient(advantages), 0.0)
+
+    log_rd = old_train_log_probs - infer_log_probs
+    log_rs = log_probs - old_train_log_probs
+    kept, rejected = mis_mask(log_rd, mask, config.mis)
+    if config.tis_cap is None:
+        weights = jnp.ones_like(log_rd)
+        truncated = jnp.zeros_like(mask)
+    else:
+        weights, truncated = truncated_importance_weights(log_rd, mask, config.tis_cap, config.tis_level)
+    per_token, flags = clipped_surrogate(
+        jnp.exp(log_rs), advantages, 1.0 - config.clip.epsilon_low, 1.0 + config.clip.epsilon_high,
+        config.clip.dual_clip,
+    )
+    token_sum, token_count = masked_sum(weights * per_token, kept), valid_count(kept)
+
+    active = fraction(kept, mask)
+    metrics = {
+        "loss": token_mean_loss(token_sum, token_count),
+        "active_token_fraction": active,
+        "active_fraction": active,
+        **{f"reject_fraction_{name}": fraction(flags_, mask) for name, flags_ in rejected.items()},
+        "clip_fraction": fraction(kept & (flags["clipped_low"] | flags["clipped_high"]), mask),
+        "clip_fraction_low": fraction(kept & flags["clipped_low"], mask),
+        "clip_fraction_high": fraction(kept & flags["clipped_high"], mask),
+        "tis_truncated_fraction": fraction(truncated, mask),
+        **policy_diagnostics(log_rs, mask),
+        **{f"train_infer/{k}": v for k, v in policy_diagnostics(log_rd, mask).items()},
+        **{f"total/{k}": v for k, v in policy_diagnostics(log_rd + log_rs, mask).items()},
+    }
+    if config.clip.dual_clip is not None:
+        metrics["dual_clip_fraction"] = fraction(kept & flags["dual_clipped"], mask)
+    return token_sum, token_count, metrics
+
+
 def decoupled_ppo_loss(
     log_probs: chex.Array,
     old_train_log_probs: chex.Array,
@@ -176,45 +234,11 @@ def decoupled_ppo_loss(
     reset trigger; also reported as ``active_fraction``), ``reject_fraction_<rule>``,
     ``clip_fraction*`` on r_s, ``tis_truncated_fraction``, the standard diagnostics of r_s
     (plain keys) and of r_d (``train_infer/…``) and of the total ratio (``total/…``).
+    The numerator / count split: :func:`decoupled_ppo_loss_sum`.
     """
-    mask = check_per_token([log_probs, old_train_log_probs, infer_log_probs, advantages], mask, min_rank=2)
-    chex.assert_rank(log_probs, 2)
-    log_probs = jnp.where(mask, log_probs, 0.0)
-    old_train_log_probs = jnp.where(mask, jax.lax.stop_gradient(old_train_log_probs), 0.0)
-    infer_log_probs = jnp.where(mask, jax.lax.stop_gradient(infer_log_probs), 0.0)
-    advantages = jnp.where(mask, jax.lax.stop_gradient(advantages), 0.0)
-
-    log_rd = old_train_log_probs - infer_log_probs
-    log_rs = log_probs - old_train_log_probs
-    kept, rejected = mis_mask(log_rd, mask, config.mis)
-    if config.tis_cap is None:
-        weights = jnp.ones_like(log_rd)
-        truncated = jnp.zeros_like(mask)
-    else:
-        weights, truncated = truncated_importance_weights(log_rd, mask, config.tis_cap, config.tis_level)
-    per_token, flags = clipped_surrogate(
-        jnp.exp(log_rs), advantages, 1.0 - config.clip.epsilon_low, 1.0 + config.clip.epsilon_high,
-        config.clip.dual_clip,
-    )
-    loss = masked_sum(weights * per_token, kept) / jnp.maximum(valid_count(kept), 1.0)
-
-    active = fraction(kept, mask)
-    metrics = {
-        "loss": loss,
-        "active_token_fraction": active,
-        "active_fraction": active,
-        **{f"reject_fraction_{name}": fraction(flags_, mask) for name, flags_ in rejected.items()},
-        "clip_fraction": fraction(kept & (flags["clipped_low"] | flags["clipped_high"]), mask),
-        "clip_fraction_low": fraction(kept & flags["clipped_low"], mask),
-        "clip_fraction_high": fraction(kept & flags["clipped_high"], mask),
-        "tis_truncated_fraction": fraction(truncated, mask),
-        **policy_diagnostics(log_rs, mask),
-        **{f"train_infer/{k}": v for k, v in policy_diagnostics(log_rd, mask).items()},
-        **{f"total/{k}": v for k, v in policy_diagnostics(log_rd + log_rs, mask).items()},
-    }
-    if config.clip.dual_clip is not None:
-        metrics["dual_clip_fraction"] = fraction(kept & flags["dual_clipped"], mask)
-    return loss, metrics
+    _, _, metrics = decoupled_ppo_loss_sum(log_probs, old_train_log_probs, infer_log_probs, advantages, mask,
+                                           config=config)
+    return metrics["loss"], metrics
 
 
 # --------------------------------------------------------------------------- interpolation proxies

@@ -33,7 +33,8 @@ import jax.numpy as jnp
 
 from fresh_rl.corrections._validation import check_per_token
 from fresh_rl.validation import check_in_range, require_choice, require_in_range
-from fresh_rl.corrections.diagnostics import fraction, masked_mean, policy_diagnostics
+from fresh_rl.corrections.diagnostics import (fraction, masked_mean, masked_sum, policy_diagnostics,
+                                              valid_count)
 
 Metrics = dict[str, chex.Array]
 
@@ -112,6 +113,42 @@ def clipped_surrogate(
     return per_sample, flags
 
 
+def token_mean_loss(token_sum: chex.Array, token_count: chex.Array) -> chex.Array:
+    """``Σ / max(N, 1)``: a token-mean loss from its numerator and token count (0 with no token)."""
+    return token_sum / jnp.maximum(token_count, 1.0)
+
+
+def ppo_clip_loss_sum(
+    log_probs: chex.Array,
+    old_log_probs: chex.Array,
+    advantages: chex.Array,
+    mask: Optional[chex.Array] = None,
+    *,
+    config: PPOClipConfig = PPOClipConfig(),
+) -> tuple[chex.Array, chex.Array, Metrics]:
+    """:func:`ppo_clip_loss` as ``(Σ_i m_i ℓ_i, Σ_i m_i, metrics)``: the numerator and the token
+    count of the mean (loss = :func:`token_mean_loss` of the two).
+
+    For a batch split into parts (gradient accumulation), the loss of the whole batch is
+    ``Σ_parts numerator / max(Σ_parts count, 1)``; the count carries no gradient.
+    """
+    log_ratio, advantages, mask = _prepare(log_probs, old_log_probs, advantages, mask)
+    per_sample, flags = clipped_surrogate(
+        jnp.exp(log_ratio), advantages, 1.0 - config.epsilon_low, 1.0 + config.epsilon_high, config.dual_clip
+    )
+    extra = {
+        "clip_fraction": fraction(flags["clipped_low"] | flags["clipped_high"], mask),
+        "clip_fraction_low": fraction(flags["clipped_low"], mask),
+        "clip_fraction_high": fraction(flags["clipped_high"], mask),
+    }
+    if config.dual_clip is not None:
+        extra["dual_clip_fraction"] = fraction(flags["dual_clipped"], mask)
+    token_sum, token_count = masked_sum(per_sample, mask), valid_count(mask)
+    _, metrics = _with_diagnostics(token_mean_loss(token_sum, token_count), log_ratio, mask, mask,
+                                   **extra)
+    return token_sum, token_count, metrics
+
+
 def ppo_clip_loss(
     log_probs: chex.Array,
     old_log_probs: chex.Array,
@@ -125,20 +162,10 @@ def ppo_clip_loss(
     ``r = π_θ/π_old = exp(log_probs − old_log_probs)`` (Schulman et al. 2017, Eq. 7), with
     asymmetric ε (DAPO) and optional dual clip (Ye et al. 2020); see :class:`PPOClipConfig`.
     Metrics add ``clip_fraction``, ``clip_fraction_low``, ``clip_fraction_high`` and, with
-    dual clip, ``dual_clip_fraction``.
+    dual clip, ``dual_clip_fraction``. The numerator / count split: :func:`ppo_clip_loss_sum`.
     """
-    log_ratio, advantages, mask = _prepare(log_probs, old_log_probs, advantages, mask)
-    per_sample, flags = clipped_surrogate(
-        jnp.exp(log_ratio), advantages, 1.0 - config.epsilon_low, 1.0 + config.epsilon_high, config.dual_clip
-    )
-    extra = {
-        "clip_fraction": fraction(flags["clipped_low"] | flags["clipped_high"], mask),
-        "clip_fraction_low": fraction(flags["clipped_low"], mask),
-        "clip_fraction_high": fraction(flags["clipped_high"], mask),
-    }
-    if config.dual_clip is not None:
-        extra["dual_clip_fraction"] = fraction(flags["dual_clipped"], mask)
-    return _with_diagnostics(masked_mean(per_sample, mask), log_ratio, mask, mask, **extra)
+    _, _, metrics = ppo_clip_loss_sum(log_probs, old_log_probs, advantages, mask, config=config)
+    return metrics["loss"], metrics
 
 
 # --------------------------------------------------------------------------- PPO-KL

@@ -38,15 +38,17 @@ import numpy as np
 import optax
 
 from fresh_rl.corrections import (DecoupledPPOConfig, MISConfig, PPOClipConfig,
-                                  decoupled_ppo_loss, linear_proximal_log_probs,
-                                  loglinear_proximal_log_probs, masked_mean, ppo_clip_loss)
+                                  linear_proximal_log_probs, loglinear_proximal_log_probs,
+                                  masked_mean)
+from fresh_rl.corrections.decoupled import decoupled_ppo_loss_sum
+from fresh_rl.corrections.policy_losses import ppo_clip_loss_sum, token_mean_loss
 from fresh_rl.llm import advantages as adv_lib
 from fresh_rl.llm.model import Qwen2Config
 from fresh_rl.llm.rollout import Episodes, model_policy, run_episodes
 from fresh_rl.llm.sampler import LOGPROB_CHUNK_TOKENS, SamplingConfig, token_logprobs_and_entropy
 from fresh_rl.sweep.keys import seed_key, seed_keys, split_run_key
 from fresh_rl.sweep.loop import run_loop
-from fresh_rl.validation import require_choice, require_in_range
+from fresh_rl.validation import require_choice, require_in_range, require_int
 
 ESTIMATORS = ("grpo", "reinforce_pp")
 LOSSES = ("ppo_clip", "decoupled")
@@ -67,6 +69,15 @@ class RLConfig:
         after global-norm clipping (``max_grad_norm``; ROLL default 1.0).
       epochs, minibatches: updates per batch = epochs × minibatches; ``minibatches`` must
         divide the batch size.
+      grad_accumulation_steps: micro-batches per optimizer step (must divide the minibatch
+        size ``batch_size // minibatches``). The minibatch's gradient is accumulated over its
+        micro-batches of rows in a ``lax.scan`` as ``g = Σ_m ∇S_m / max(Σ_m N_m, 1)`` (S_m the
+        token sum of the loss, N_m its token count: action tokens for ``ppo_clip``, MIS-kept
+        tokens for ``decoupled``), i.e. exactly the unsplit minibatch's gradient, with the
+        activation memory of one micro-batch; the metrics are computed from the whole
+        minibatch's log-probs, so they equal the unsplit step's too. Costs a parameter-sized
+        gradient accumulator and a sequential loop of smaller forward/backward passes.
+        Default 1 (no split).
       loss: ``"ppo_clip"`` (ratio against the sampler log-probs) or ``"decoupled"``
         (r_d · r_s with the fp32 old log-probs at batch start).
       clip: the PPO clip (on the total ratio for ``ppo_clip``, on r_s for ``decoupled``).
@@ -101,6 +112,7 @@ class RLConfig:
     max_grad_norm: float = 1.0
     epochs: int = 1
     minibatches: int = 1
+    grad_accumulation_steps: int = 1
     loss: str = "ppo_clip"
     clip: PPOClipConfig = PPOClipConfig()
     mis: MISConfig = MISConfig()
@@ -131,6 +143,11 @@ class RLConfig:
         if self.batch_size % self.minibatches:
             raise ValueError(f"RLConfig.minibatches must divide the batch size "
                              f"num_groups*group_size={self.batch_size}, got {self.minibatches}")
+        require_int("RLConfig.grad_accumulation_steps", self.grad_accumulation_steps, 1)
+        if self.minibatch_size % self.grad_accumulation_steps:
+            raise ValueError(f"RLConfig.grad_accumulation_steps must divide the minibatch size "
+                             f"batch_size/minibatches={self.minibatch_size}, got "
+                             f"{self.grad_accumulation_steps}")
         if self.estimator == "grpo" and self.group_size < 2:
             raise ValueError(f"RLConfig.group_size must be >= 2 for GRPO, got {self.group_size}")
         require_in_range("RLConfig.learning_rate", self.learning_rate, 0.0, math.inf,
@@ -159,6 +176,11 @@ class RLConfig:
     @property
     def batch_size(self) -> int:
         return self.num_groups * self.group_size
+
+    @property
+    def minibatch_size(self) -> int:
+        """Rows per optimizer step (``minibatches`` divides the batch size)."""
+        return self.batch_size // self.minibatches
 
     @property
     def decoupled(self) -> DecoupledPPOConfig:
@@ -290,39 +312,91 @@ def prepare_batch(params, episodes: Episodes, *, config: RLConfig,
                  proxy_alpha=proxy_alpha)
 
 
-def policy_loss(params, batch: Batch, *, config: RLConfig, model_config: Qwen2Config,
-                proximal: Optional[str] = None):
-    """Token-mean policy loss of ``batch`` and its metrics (see the module docstring).
+def policy_logprobs(params, batch: Batch, *, config: RLConfig, model_config: Qwen2Config):
+    """``(log π_θ, entropy)``, ``[B, T]``, of ``batch`` by the training forward (the loss's
+    gradient flows through the log-probs)."""
+    return token_logprobs_and_entropy(params, model_config, batch.tokens, batch.mask,
+                                      temperature=config.temperature,
+                                      chunk_tokens=config.logprob_chunk_tokens,
+                                      remat=config.remat)
+
+
+def loss_terms(logp, entropy, batch: Batch, *, config: RLConfig,
+               proximal: Optional[str] = None):
+    """``(token_sum, token_count, metrics)`` of the policy loss of ``batch`` given its log-probs
+    ``logp`` = log π_θ (and ``entropy``): the loss is ``token_sum / max(token_count, 1)``
+    (:func:`~fresh_rl.corrections.policy_losses.token_mean_loss`; the count carries no gradient).
 
     ``proximal`` (``"linear"`` / ``"loglinear"``, decoupled loss only) replaces
-    ``batch.old_logprobs`` by the interpolation proxy between π_infer and the detached π_θ of
-    this minibatch with weight ``batch.proxy_alpha`` (A-3PO / AReaL ``prox_logp_method``; no
-    extra forward pass; docs/old_logits.md, Proposition 1)."""
-    logp, entropy = token_logprobs_and_entropy(params, model_config, batch.tokens, batch.mask,
-                                               temperature=config.temperature,
-                                               chunk_tokens=config.logprob_chunk_tokens,
-                                               remat=config.remat)
+    ``batch.old_logprobs`` by the interpolation proxy between π_infer and the detached π_θ
+    with weight ``batch.proxy_alpha`` (A-3PO / AReaL ``prox_logp_method``; no extra forward
+    pass; docs/old_logits.md, Proposition 1)."""
     if config.loss == "ppo_clip":
-        loss, metrics = ppo_clip_loss(logp, batch.behaviour_log_probs, batch.advantages,
-                                      batch.action_mask, config=config.clip)
+        total, count, metrics = ppo_clip_loss_sum(logp, batch.behaviour_log_probs,
+                                                  batch.advantages, batch.action_mask,
+                                                  config=config.clip)
     else:
         old = batch.old_logprobs
         if proximal is not None:
             old = PROXIMAL_PROXIES[proximal](batch.behaviour_log_probs, logp, batch.proxy_alpha)
-        loss, metrics = decoupled_ppo_loss(logp, old, batch.behaviour_log_probs,
-                                           batch.advantages, batch.action_mask,
-                                           config=config.decoupled)
-    metrics = dict(metrics, entropy=masked_mean(entropy, batch.action_mask))
-    return loss, metrics
+        total, count, metrics = decoupled_ppo_loss_sum(logp, old, batch.behaviour_log_probs,
+                                                       batch.advantages, batch.action_mask,
+                                                       config=config.decoupled)
+    return total, count, dict(metrics, entropy=masked_mean(entropy, batch.action_mask))
+
+
+def policy_loss(params, batch: Batch, *, config: RLConfig, model_config: Qwen2Config,
+                proximal: Optional[str] = None):
+    """Token-mean policy loss of ``batch`` and its metrics (see the module docstring and
+    :func:`loss_terms` for ``proximal``)."""
+    logp, entropy = policy_logprobs(params, batch, config=config, model_config=model_config)
+    total, count, metrics = loss_terms(logp, entropy, batch, config=config, proximal=proximal)
+    return token_mean_loss(total, count), metrics
+
+
+def minibatch_gradient(params, minibatch: Batch, *, config: RLConfig,
+                       model_config: Qwen2Config, proximal: Optional[str] = None):
+    """``(∇L, metrics)`` of the token-mean loss L of ``minibatch`` over
+    ``config.grad_accumulation_steps`` = M micro-batches of its rows:
+
+        ∇L = Σ_m ∇S_m / max(Σ_m N_m, 1)
+
+    with S_m, N_m the token sum and token count of micro-batch m (:func:`loss_terms`). The
+    micro-batches run in a ``lax.scan`` (activations of one micro-batch); the denominator and
+    the metrics come from the whole minibatch's log-probs, collected from the scan, so both
+    equal the unsplit minibatch's (no forward pass is repeated)."""
+    def token_sum(p, rows):
+        logp, entropy = policy_logprobs(p, rows, config=config, model_config=model_config)
+        total, _, _ = loss_terms(logp, entropy, rows, config=config, proximal=proximal)
+        return total, (logp, entropy)
+
+    sum_grad = jax.grad(token_sum, has_aux=True)
+    steps = config.grad_accumulation_steps
+    if steps == 1:
+        grads, (logp, entropy) = sum_grad(params, minibatch)
+    else:
+        micro = jax.tree_util.tree_map(
+            lambda x: x.reshape(steps, x.shape[0] // steps, *x.shape[1:]), minibatch)
+
+        def accumulate(total, rows):
+            grads, out = sum_grad(params, rows)
+            return jax.tree_util.tree_map(jnp.add, total, grads), out
+
+        grads, (logp, entropy) = jax.lax.scan(
+            accumulate, jax.tree_util.tree_map(jnp.zeros_like, params), micro)
+        logp, entropy = (x.reshape(-1, x.shape[-1]) for x in (logp, entropy))
+    _, count, metrics = loss_terms(logp, entropy, minibatch, config=config, proximal=proximal)
+    grads = jax.tree_util.tree_map(lambda g: g / jnp.maximum(count, 1.0), grads)
+    return grads, metrics
 
 
 def update(state: TrainState, batch: Batch, key, *, config: RLConfig,
            model_config: Qwen2Config, proximal: Optional[str] = None):
-    """``epochs × minibatches`` optimizer steps on ``batch``; metrics averaged over them
-    (``proximal``: see :func:`policy_loss`)."""
+    """``epochs × minibatches`` optimizer steps on ``batch`` (each over
+    ``grad_accumulation_steps`` micro-batches, :func:`minibatch_gradient`); metrics averaged
+    over the steps (``proximal``: see :func:`loss_terms`)."""
     optimizer = make_optimizer(config)
-    size = config.batch_size // config.minibatches
-    grad_fn = jax.grad(policy_loss, has_aux=True)
+    size = config.minibatch_size
 
     def epoch_order(k):
         return jax.random.permutation(k, config.batch_size).reshape(config.minibatches, size)
@@ -331,8 +405,8 @@ def update(state: TrainState, batch: Batch, key, *, config: RLConfig,
 
     def one_step(state, rows):
         minibatch = jax.tree_util.tree_map(lambda x: x[rows], batch)
-        grads, metrics = grad_fn(state.params, minibatch, config=config,
-                                 model_config=model_config, proximal=proximal)
+        grads, metrics = minibatch_gradient(state.params, minibatch, config=config,
+                                            model_config=model_config, proximal=proximal)
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         metrics["grad_norm"] = optax.tree.norm(grads)
         state = TrainState(params=optax.apply_updates(state.params, updates),
@@ -435,5 +509,6 @@ def train_loop(config: RLConfig, seed, num_iterations: int, *, params, env,
 __all__ = ["Batch", "PROXIMAL_PROXIES", "RLConfig", "TrainState", "batch_metrics",
            "cached_build", "collect", "compute_advantages", "group_prompt_match",
            "group_reset_keys", "init_train_state", "iteration",
-           "loop_keys", "make_iteration", "make_optimizer", "policy_loss", "prepare_batch",
+           "loop_keys", "loss_terms", "make_iteration", "make_optimizer", "minibatch_gradient",
+           "policy_logprobs", "policy_loss", "prepare_batch",
            "sampling_config", "stack_rows", "train_loop", "update"]
