@@ -17,8 +17,8 @@ from fresh_rl.llm.rollout import model_policy, run_episodes
 from fresh_rl.llm.sampler import SamplingConfig
 from fresh_rl.llm.tasks import (ArithmeticTask, FrozenLakeTask, Gsm8kTask, SearchQATask,
                                 SokobanTask)
-from fresh_rl.llm.tasks.vocab import (CHAR_VOCAB, UNKNOWN_CHAR, TaskVocab, check_model_vocab,
-                                      render_chat_template, with_vocab)
+from fresh_rl.llm.tasks.vocab import (CHAR_VOCAB, UNKNOWN_CHAR, TaskVocab, chat_framing,
+                                      check_model_vocab, render_chat_template, with_vocab)
 from fresh_rl.llm.tokenizer import CHAR_TOKENIZER
 from fresh_rl.llm.warm_start import WarmStartConfig, evaluate, warm_start
 
@@ -52,6 +52,16 @@ def test_chat_framing_matches_transformers_apply_chat_template():
                 ids += [*BPE.segment(message["content"]), END]
         assert BPE.decode(ids) == chat["text"]
         assert render_chat_template(BPE.tokenizer.chat_template, messages) == chat["text"]
+
+
+def test_templates_that_are_not_turn_by_turn_raise():
+    plain = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</s>{% endfor %}"
+             "{% if add_generation_prompt %}<assistant>{% endif %}")
+    assert chat_framing(plain, "</s>") == ("<user>", "<user>", "</s><assistant>")
+    header = plain.replace("<{{ m['role'] }}>", "{{ '<bot>' if m['role'] == 'assistant' "
+                                                "else '<' + m['role'] + '>' }}")
+    with pytest.raises(ValueError, match="the chat template is not turn-by-turn"):
+        chat_framing(header, "</s>")
 
 
 def test_model_answers_parse_whatever_the_tokenization():

@@ -39,3 +39,15 @@ def test_hf_tokenizer_json():
     assert tok.eos_id == 1 and tok.vocab_size <= 300
     with pytest.raises(ValueError, match="pad_token='<nope>'"):
         HFTokenizer(os.path.join(FIXTURE, "tokenizer.json"), pad_token="<nope>")
+
+
+def test_hf_tokenizer_from_pretrained_names_the_bad_file(tmp_path):
+    with pytest.raises(ValueError, match="tokenizer_config.json: cannot read"):
+        HFTokenizer.from_pretrained(str(tmp_path))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": [{"name": "x"}],
+                                                                 "eos_token": "<|endoftext|>"}))
+    with pytest.raises(ValueError, match="chat_template must be one template string"):
+        HFTokenizer.from_pretrained(str(tmp_path))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": None}))
+    with pytest.raises(ValueError, match="names no eos_token"):
+        HFTokenizer.from_pretrained(str(tmp_path))

@@ -26,12 +26,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Sequence
+from typing import Optional, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
-from fresh_rl.llm.tokenizer import CHAR_TOKENIZER, HFTokenizer
+from fresh_rl.llm.tokenizer import CHAR_TOKENIZER, HFTokenizer, Tokenizer
+from fresh_rl.validation import require_in_range
 
 UNKNOWN_CHAR = CHAR_TOKENIZER.vocab_size - 1  # a char id outside the char alphabet
 _CHAR_EOS, _CHAR_PAD = CHAR_TOKENIZER.eos_id, CHAR_TOKENIZER.pad_id
@@ -97,10 +98,11 @@ class TaskVocab:
     bos_id: int
     stop_tokens: tuple[int, ...]
     max_token_chars: int = 16
-    tokenizer: dataclasses.InitVar = None
-    chat_template: dataclasses.InitVar = None
+    tokenizer: dataclasses.InitVar[Optional[Tokenizer]] = None  # None: the char tokenizer
+    chat_template: dataclasses.InitVar[Optional[str]] = None
 
     def __post_init__(self, tokenizer, chat_template):
+        require_in_range("TaskVocab.max_token_chars", self.max_token_chars, 1, 255)
         if not self.stop_tokens:
             raise ValueError(f"TaskVocab {self.source!r} needs at least one stop token")
         tokenizer = CHAR_TOKENIZER if tokenizer is None else tokenizer
@@ -124,7 +126,7 @@ class TaskVocab:
                 char_ids[CHAR_TOKENIZER.token_of(c)] = ids[0]
         char_ids[_CHAR_EOS], char_ids[_CHAR_PAD] = self.stop_tokens[0], self.pad_id
         attributes["char_ids"] = char_ids
-        if self.source != "char":
+        if not self.is_char:
             attributes["token_chars"] = self._token_char_table(tokenizer)
         for name, value in attributes.items():
             object.__setattr__(self, name, value)
@@ -133,8 +135,6 @@ class TaskVocab:
         """([vocab_size, K] char ids of each token's text, [vocab_size] counts), uint8 (char
         ids are < 128) so that a 150k-token table is a 2.4 MB constant."""
         k = self.max_token_chars
-        if not 1 <= k <= 255:
-            raise ValueError(f"TaskVocab.max_token_chars must be in [1, 255], got {k}")
         table = np.zeros((self.vocab_size, k), np.uint8)
         counts = np.ones(self.vocab_size, np.uint8)
         table[:, 0] = UNKNOWN_CHAR
