@@ -174,7 +174,7 @@ def test_descent_never_enters_empty_subtrees_even_with_overflowing_residuals(fan
     values = jnp.asarray([0.0, 1.0, 0.0, 2.0, 0.0, 0.0, 0.0, 0.0, 0.0], jnp.float32)
     tree = segment_tree.build(values[:, None], ("sum",), fanout)
     residuals = jnp.asarray([3.0, 3.5, 100.0, 0.0], jnp.float32)
-    leaves = np.asarray(segment_tree._descend(tree, residuals, 0))
+    leaves = np.asarray(segment_tree._descend(tree, residuals, 0)[0])
     assert np.all(np.asarray(values)[leaves] > 0)
 
 

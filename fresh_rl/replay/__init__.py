@@ -1,6 +1,6 @@
 """Replay: jittable segment trees and the (age-decayed) prioritized trajectory buffer."""
 
-from fresh_rl.replay import segment_tree
+from fresh_rl.replay import segment_tree, slot_set
 from fresh_rl.replay.buffer import (
     ReplayConfig,
     ReplaySample,
@@ -20,4 +20,5 @@ __all__ = [
     "magnitude_priority",
     "make_trajectory_buffer",
     "segment_tree",
+    "slot_set",
 ]

@@ -37,10 +37,14 @@ item cannot set the buffer-wide weight normaliser near 0 and zero every sampled 
 it, one item of age 1e5 at τ = 100 makes ``exp(−β(log u_i − log u_min))`` underflow to 0 for
 every sampled item). The floor is evaluated at the buffer's clock ``t = latest_version`` (the
 newest inserted version), the "now" of every key. In key space it is the common threshold
-``F(t) = f^α · exp(α (t − t_ref)/τ)``, so ``max(u_i, F(t))`` is exact at O(log N): the tree holds a
-third column, a 0/1 count of *floored* items (their sum and min leaves hold the identities), a
-node's sampling mass is ``sum + F(t)·count``, and the normaliser's log-min is ``log F(t)`` when any
-item is floored. F(t) only grows with t while a stored key never changes until it is rewritten,
+``F(t) = f^α · exp(α (t − t_ref)/τ)``, so ``max(u_i, F(t))`` is exact at O(log N): the *floored*
+items (key below F(t)) leave the tree (their sum and min leaves hold the identities) and join a
+:class:`~fresh_rl.replay.slot_set.SlotSet`. The sampling mass is ``S + F(t)·n_f`` (S the tree's
+sum, n_f the floored count); a stratified target below S descends the tree, one above it picks
+floored member ``⌊(target − S)/F(t)⌋`` with one gather, so each floored item has mass F(t) and
+the tree keeps two columns (a per-node count of floored items would be a third that every
+write and every descent moves). The normaliser's log-min is ``log F(t)`` when any item is
+floored. F(t) only grows with t while a stored key never changes until it is rewritten,
 so an item crosses the threshold at most once per write: after every ``add`` the items whose key
 fell below F(t) are moved to the floored set one by one, each found by a min-tree descent
 (amortised O(log N) per crossing, no O(N) scan); ``set_priorities`` and rebases classify the
@@ -77,7 +81,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from fresh_rl.replay import segment_tree
+from fresh_rl.replay import segment_tree, slot_set
 from fresh_rl.validation import check, is_traced, require_choice, require_in_range
 
 SamplingMode = Literal["uniform", "per", "freshper"]
@@ -159,7 +163,7 @@ class ReplayConfig:
 
     @property
     def floored(self) -> bool:
-        """Whether the tree tracks items floored at ``min_decayed_priority`` (third column)."""
+        """Whether the buffer tracks items floored at ``min_decayed_priority`` (``state.floored``)."""
         return self.prioritized and self.min_decayed_priority > 0
 
     @property
@@ -184,9 +188,10 @@ class ReplayState:
       reference_version: t_ref of the stored keys.
       priority_tree: K-ary segment tree (``config.tree_fanout``); column 0 sums u_i
         (sampling); with "buffer" weight normalisation or a floor, column 1 takes the min of
-        log u_i (+inf for empty or zero-priority slots), the normaliser of the importance
-        weights; with a floor, column 2 counts the floored items (whose columns 0 and 1 hold
-        0 and +inf).
+        log u_i (+inf for empty, zero-priority and floored slots), the normaliser of the
+        importance weights.
+      floored: the slots floored at ``min_decayed_priority`` (their tree leaves hold 0 and
+        +inf; an empty capacity-0 set without a floor).
       num_rejected_writes: invalid priority writes (and traced τ) skipped by the jit fallback.
       decay_rate: float32 α/τ of the stored keys (``config.decay_rate`` at init; changed only
         by ``set_age_decay_tau``, which rebuilds the keys).
@@ -202,6 +207,7 @@ class ReplayState:
     max_priority: jax.Array
     reference_version: jax.Array
     priority_tree: segment_tree.SegmentTree
+    floored: slot_set.SlotSet
     num_rejected_writes: jax.Array
     decay_rate: jax.Array
 
@@ -260,10 +266,10 @@ def _log_keys(config: ReplayConfig, base_priority, insert_version, reference_ver
 
 def _tree_columns(config: ReplayConfig) -> tuple[str, ...]:
     """Sum of u_i (sampling), plus min of log u_i for buffer-wide weight normalisation or the
-    floor, plus the count of floored items with a floor."""
-    if config.floored:
-        return ("sum", "min", "sum")
-    return ("sum", "min") if config.importance_weight_normalization == "buffer" else ("sum",)
+    floor (its trigger: the items whose key fell below F(t) are found by min descents)."""
+    if config.floored or config.importance_weight_normalization == "buffer":
+        return ("sum", "min")
+    return ("sum",)
 
 
 def _log_floor(config: ReplayConfig, state: ReplayState):
@@ -273,18 +279,20 @@ def _log_floor(config: ReplayConfig, state: ReplayState):
                 jnp.float32))
 
 
-def _tree_leaves_from_log_keys(config: ReplayConfig, log_keys, valid, log_floor=None):
-    """``[..., C]`` leaves: u_i (and log u_i), identities for empty or zero-priority slots;
-    with a floor, items with ``log u_i < log_floor`` become (0, +inf, 1)."""
-    sum_leaves = jnp.where(valid, jnp.exp(log_keys), 0.0)
+def _below_floor(log_keys, valid, log_floor):
+    """Items of positive key below F(t): they are floored (never zero-priority ones)."""
+    return valid & jnp.isfinite(log_keys) & (log_keys < log_floor)
+
+
+def _tree_leaves_from_log_keys(config: ReplayConfig, log_keys, valid, floored=None):
+    """``[..., C]`` leaves: u_i (and log u_i), identities for empty, zero-priority and
+    ``floored`` slots."""
+    in_tree = valid if floored is None else valid & ~floored
+    sum_leaves = jnp.where(in_tree, jnp.exp(log_keys), 0.0)
     if len(_tree_columns(config)) == 1:
         return sum_leaves[..., None]
-    min_leaves = jnp.where(valid & jnp.isfinite(log_keys), log_keys, jnp.inf)
-    if not config.floored:
-        return jnp.stack([sum_leaves, min_leaves], axis=-1)
-    floored = valid & jnp.isfinite(log_keys) & (log_keys < log_floor)
-    return jnp.stack([jnp.where(floored, 0.0, sum_leaves), jnp.where(floored, jnp.inf, min_leaves),
-                      floored.astype(sum_leaves.dtype)], axis=-1)
+    min_leaves = jnp.where(in_tree & jnp.isfinite(log_keys), log_keys, jnp.inf)
+    return jnp.stack([sum_leaves, min_leaves], axis=-1)
 
 
 def _apply_floor(config: ReplayConfig, state: ReplayState) -> ReplayState:
@@ -293,16 +301,21 @@ def _apply_floor(config: ReplayConfig, state: ReplayState) -> ReplayState:
     if not config.floored:
         return state
     log_floor = _log_floor(config, state)
-    floored_leaf = jnp.asarray([[0.0, jnp.inf, 1.0]], state.priority_tree.nodes.dtype)
+    floored_leaf = jnp.asarray([[0.0, jnp.inf]], jnp.float32)
+    one = jnp.ones((1,), bool)
 
-    def below(tree):
-        return segment_tree.total(tree)[1] < log_floor
+    def below(carry):
+        tree, _ = carry
+        return tree.columns[1][0] < log_floor
 
-    def move(tree):
+    def move(carry):
+        tree, floored = carry
         index = segment_tree.argmin(tree, 1)[None]
-        return segment_tree.write(tree, index, floored_leaf, indices_are_unique=True)
+        return (segment_tree.write(tree, index, floored_leaf, indices_are_unique=True),
+                slot_set.insert(floored, index, one))
 
-    return state.replace(priority_tree=jax.lax.while_loop(below, move, state.priority_tree))
+    tree, floored = jax.lax.while_loop(below, move, (state.priority_tree, state.floored))
+    return state.replace(priority_tree=tree, floored=floored)
 
 
 # --------------------------------------------------------------------------------------------
@@ -328,6 +341,7 @@ def _init(config: ReplayConfig, example_trajectory: Any) -> ReplayState:
         reference_version=jnp.zeros((), jnp.int32),
         priority_tree=segment_tree.init(tree_capacity, _tree_columns(config),
                                         config.tree_fanout),
+        floored=slot_set.init(capacity if config.floored else 0),
         num_rejected_writes=jnp.zeros((), jnp.int32),
         decay_rate=jnp.asarray(config.decay_rate, jnp.float32),
     )
@@ -346,10 +360,13 @@ def _rebase(config: ReplayConfig, state: ReplayState, reference_version) -> Repl
     log_keys = _log_keys(config, state.base_priority, state.insert_version, reference_version,
                          state.decay_rate)
     state = state.replace(reference_version=reference_version)
-    log_floor = _log_floor(config, state) if config.floored else None
+    floored = None
+    if config.floored:
+        floored = _below_floor(log_keys, state.valid, _log_floor(config, state))
+        state = state.replace(floored=slot_set.from_mask(floored))
     return state.replace(
         priority_tree=segment_tree.build(
-            _tree_leaves_from_log_keys(config, log_keys, state.valid, log_floor),
+            _tree_leaves_from_log_keys(config, log_keys, state.valid, floored),
             _tree_columns(config), config.tree_fanout,
         ),
     )
@@ -363,9 +380,19 @@ def _write_keys(
     duplicates first)."""
     log_keys = _log_keys(config, base_priority, insert_version, state.reference_version,
                          state.decay_rate)
-    log_floor = _log_floor(config, state) if config.floored else None
+    floored = None
+    if config.floored:
+        # Each written item joins or leaves the floored set by its new key.
+        # No lax.cond to skip the O(B) set update when no item crosses: XLA copies the set's
+        # [N] arrays inside a cond branch, so crossing writes (most adds once the buffer wraps
+        # over floored items) would pay O(N).
+        floored = _below_floor(log_keys, write_mask, _log_floor(config, state))
+        was_floored = slot_set.contains(state.floored, slots)
+        members = slot_set.remove(state.floored, slots, write_mask & was_floored & ~floored)
+        members = slot_set.insert(members, slots, floored & ~was_floored)
+        state = state.replace(floored=members)
     tree_leaves = _tree_leaves_from_log_keys(config, log_keys, jnp.ones_like(write_mask),
-                                             log_floor)
+                                             floored)
     return state.replace(
         priority_tree=segment_tree.write(
             state.priority_tree, slots, tree_leaves, write_mask, indices_are_unique=True
@@ -455,14 +482,14 @@ def _sampling_probabilities(config: ReplayConfig, state: ReplayState) -> jax.Arr
     if not config.floored:
         return leaves[:, 0] / segment_tree.total(state.priority_tree)[0]
     floor_key, mass = _floor_key_and_mass(config, state)
-    return jnp.where(leaves[:, 2] > 0, floor_key, leaves[:, 0]) / mass
+    floored = state.floored.position < config.capacity
+    return jnp.where(floored, floor_key, leaves[:, 0]) / mass
 
 
 def _floor_key_and_mass(config: ReplayConfig, state: ReplayState):
     """F(t) and the total sampling mass ``Σ unfloored u_i + F(t) · #floored``."""
-    roots = segment_tree.total(state.priority_tree)
     floor_key = jnp.exp(_log_floor(config, state))
-    return floor_key, roots[0] + floor_key * roots[2]
+    return floor_key, state.priority_tree.columns[0][0] + floor_key * state.floored.size
 
 
 def _sample(
@@ -502,13 +529,18 @@ def _sample(
         log_floor = _log_floor(config, state)
         floor_key, mass = _floor_key_and_mass(config, state)
         targets = segment_tree.stratified_targets(key, mass, batch_size)
-        indices = segment_tree.sample(state.priority_tree, targets, 0, 2, floor_key)
+        # Targets in [0, S) descend the tree; those in [S, S + F·n_f) pick a floored member.
+        num_floored = state.floored.size
+        in_tree, in_tail, tail_offset = segment_tree.sample(
+            state.priority_tree, targets, tail_mass=floor_key * num_floored)
+        floored = in_tail & (num_floored > 0)
+        member = jnp.floor(tail_offset / floor_key).astype(jnp.int32)
+        indices = jnp.where(floored, slot_set.member(state.floored, member), in_tree)
         sampled_keys = segment_tree.leaf_values(state.priority_tree, indices)
-        floored = sampled_keys[:, 2] > 0
         probabilities = jnp.where(floored, floor_key, sampled_keys[:, 0]) / mass
         log_keys = jnp.where(floored, log_floor, sampled_keys[:, 1])
         if config.importance_weight_normalization == "buffer":
-            log_key_floor = jnp.where(roots[2] > 0, log_floor, roots[1])
+            log_key_floor = jnp.where(num_floored > 0, log_floor, roots[1])
         else:
             log_key_floor = jnp.min(log_keys)
         weights = jnp.exp(-beta * (log_keys - log_key_floor))

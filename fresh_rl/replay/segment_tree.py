@@ -1,16 +1,19 @@
 """Flat K-ary segment trees, jittable; several reductions side by side.
 
-Layout: ``SegmentTree.nodes`` is one ``[R, C]`` array, one column per reduction (e.g.
-``("sum", "min")``: the buffer keeps its sampling sum tree and its importance-weight min tree
-together, so one write walks the tree once for both). The levels are stored root first, one
-after the other. Node ``j`` of level ``d`` has the children ``K j … K j + K − 1`` of level
-``d + 1``, which form one contiguous row of the ``[R/K, K·C]`` view: a descent reads a node's
-children with one row gather. Level ``d + 1`` holds ``K · m_d`` nodes, ``m_d`` the real nodes
-of level ``d`` (``m_L = capacity``, ``m_{d−1} = ⌈m_d/K⌉``, ``m_0 = 1``), so each level is padded
-to a multiple of K only (R ≈ N·K/(K−1)), not the tree to a power of K; the root's level is
-padded to K nodes too, so every level starts on a row. Padding holds each column's identity
-(0 for sum, +inf for min). Depth is ``max(1, ⌈log_K N⌉)`` levels below the root: 20 for
-N = 2^20 at K = 2, 5 at K = 16, 3 at K = 128.
+Layout: ``SegmentTree.columns`` holds one flat ``[R]`` array per reduction (e.g. ``("sum",
+"min")``: the buffer keeps its sampling sum tree and its importance-weight min tree together,
+so one write walks the tree once for both). Separate arrays, not one ``[R, C]`` array, so a
+descent reads only the column it walks: on CPU a gather costs about the same per element
+whether or not the elements are adjacent (``benchmarks/replay_columns.py``), so a descent over
+interleaved columns paid for every column. The levels are stored root first, one after the
+other. Node ``j`` of level ``d`` has the children ``K j … K j + K − 1`` of level ``d + 1``,
+which form one contiguous row of the ``[R/K, K]`` view: a descent reads a node's children with
+one row gather. Level ``d + 1`` holds ``K · m_d`` nodes, ``m_d`` the real nodes of level ``d``
+(``m_L = capacity``, ``m_{d−1} = ⌈m_d/K⌉``, ``m_0 = 1``), so each level is padded to a multiple
+of K only (R ≈ N·K/(K−1)), not the tree to a power of K; the root's level is padded to K nodes
+too, so every level starts on a row. Padding holds each column's identity (0 for sum, +inf for
+min). Depth is ``max(1, ⌈log_K N⌉)`` levels below the root: 20 for N = 2^20 at K = 2, 5 at
+K = 16, 3 at K = 128.
 
 Writes never accumulate deltas: after the leaves are written, every touched parent is
 recomputed from its K children, level by level, the children reduced in adjacent pairs
@@ -45,20 +48,25 @@ class SegmentTree:
     """A K-ary tree over ``capacity`` leaves (see the module docstring for the layout).
 
     Attributes:
-      nodes: ``[R, C]`` every level, root first.
+      columns: one ``[R]`` array per reduction, every level, root first.
       capacity: number of leaves.
       fanout: K, children per node.
       reductions: the C column reductions, "sum" or "min".
     """
 
-    nodes: jax.Array
+    columns: tuple[jax.Array, ...]
     capacity: int = struct.field(pytree_node=False)
     fanout: int = struct.field(pytree_node=False)
     reductions: tuple[Reduction, ...] = struct.field(pytree_node=False)
 
     @property
+    def nodes(self) -> jax.Array:
+        """``[R, C]``: every node of every column (a copy; for tests and diagnostics)."""
+        return jnp.stack(self.columns, axis=1)
+
+    @property
     def level_offsets(self) -> tuple[int, ...]:
-        """First row of each level in ``nodes``, root first, and the total R at the end."""
+        """First row of each level in a column, root first, and the total R at the end."""
         offsets = [0]
         for size in level_sizes(self.capacity, self.fanout):
             offsets.append(offsets[-1] + size)
@@ -81,50 +89,44 @@ def level_sizes(capacity: int, fanout: int) -> tuple[int, ...]:
     return (fanout, *(fanout * m for m in real[:-1]))
 
 
-def _identities(reductions: Sequence[Reduction], dtype) -> jax.Array:
+def _check_reductions(reductions: Sequence[Reduction]) -> None:
     for r in reductions:
         if r not in _IDENTITY:
             raise ValueError(f"reductions must be 'sum' or 'min', got {r!r}")
-    return jnp.asarray([_IDENTITY[r] for r in reductions], dtype)
 
 
-def _combine(left: jax.Array, right: jax.Array, reductions: Sequence[Reduction]) -> jax.Array:
-    """Column-wise reduction of two ``[..., C]`` arrays."""
-    if all(r == "sum" for r in reductions):
-        return left + right  # the sum-only tree needs no min and no select
-    is_min = jnp.asarray([r == "min" for r in reductions])
-    return jnp.where(is_min, jnp.minimum(left, right), left + right)
-
-
-def _reduce_siblings(rows: jax.Array, reductions: Sequence[Reduction]) -> jax.Array:
-    """``[..., K, C] → [..., C]``: K siblings reduced in adjacent pairs, ``log2 K`` rounds."""
-    while rows.shape[-2] > 1:
-        rows = _combine(rows[..., 0::2, :], rows[..., 1::2, :], reductions)
-    return rows[..., 0, :]
+def _reduce_siblings(rows: jax.Array, reduction: Reduction) -> jax.Array:
+    """``[..., K] → [...]``: K siblings reduced in adjacent pairs, ``log2 K`` rounds."""
+    combine = jnp.add if reduction == "sum" else jnp.minimum
+    while rows.shape[-1] > 1:
+        rows = combine(rows[..., 0::2], rows[..., 1::2])
+    return rows[..., 0]
 
 
 def init(capacity: int, reductions: Sequence[Reduction], fanout: int = DEFAULT_FANOUT,
          dtype=jnp.float32) -> SegmentTree:
     """An empty tree: every node holds its column's identity."""
+    _check_reductions(reductions)
     rows = sum(level_sizes(capacity, fanout))
-    nodes = jnp.broadcast_to(_identities(reductions, dtype), (rows, len(reductions)))
-    return SegmentTree(nodes, capacity, fanout, tuple(reductions))
+    columns = tuple(jnp.full((rows,), _IDENTITY[r], dtype) for r in reductions)
+    return SegmentTree(columns, capacity, fanout, tuple(reductions))
 
 
 def leaves(tree: SegmentTree) -> jax.Array:
     """The ``[capacity, C]`` leaf values."""
     start = tree.level_offsets[-2]
-    return tree.nodes[start : start + tree.capacity]
+    return jnp.stack([c[start : start + tree.capacity] for c in tree.columns], axis=1)
 
 
 def leaf_values(tree: SegmentTree, indices: jax.Array) -> jax.Array:
     """``[B, C]`` values of the leaves ``indices``."""
-    return tree.nodes[tree.level_offsets[-2] + indices]
+    rows = tree.level_offsets[-2] + indices
+    return jnp.stack([c[rows] for c in tree.columns], axis=-1)
 
 
 def total(tree: SegmentTree) -> jax.Array:
     """The root ``[C]``: each column's reduction over all leaves."""
-    return tree.nodes[0]
+    return jnp.stack([c[0] for c in tree.columns])
 
 
 def build(leaf_values: jax.Array, reductions: Sequence[Reduction],
@@ -132,19 +134,22 @@ def build(leaf_values: jax.Array, reductions: Sequence[Reduction],
     """Builds a whole tree bottom-up from ``[capacity, C]`` leaf values in O(N)."""
     tree = init(leaf_values.shape[0], reductions, fanout, leaf_values.dtype)
     start = tree.level_offsets[-2]
-    nodes = tree.nodes.at[start : start + tree.capacity].set(leaf_values)
-    return _rebuild_levels(tree.replace(nodes=nodes), tree.depth)
+    columns = tuple(c.at[start : start + tree.capacity].set(leaf_values[:, i])
+                    for i, c in enumerate(tree.columns))
+    return _rebuild_levels(tree.replace(columns=columns), tree.depth)
 
 
 def _rebuild_levels(tree: SegmentTree, parent_level: int) -> SegmentTree:
     """Recomputes levels ``parent_level − 1, …, 0`` whole from the level below each."""
-    offsets, k, nodes = tree.level_offsets, tree.fanout, tree.nodes
-    for d in range(parent_level - 1, -1, -1):
-        children = nodes[offsets[d + 1] : offsets[d + 2]].reshape(-1, k, nodes.shape[1])
-        nodes = nodes.at[offsets[d] : offsets[d] + children.shape[0]].set(
-            _reduce_siblings(children, tree.reductions)
-        )
-    return tree.replace(nodes=nodes)
+    offsets, k = tree.level_offsets, tree.fanout
+    columns = []
+    for column, reduction in zip(tree.columns, tree.reductions):
+        for d in range(parent_level - 1, -1, -1):
+            children = column[offsets[d + 1] : offsets[d + 2]].reshape(-1, k)
+            column = column.at[offsets[d] : offsets[d] + children.shape[0]].set(
+                _reduce_siblings(children, reduction))
+        columns.append(column)
+    return tree.replace(columns=tuple(columns))
 
 
 def last_write_wins(
@@ -204,67 +209,80 @@ def write(
         O(B log B) duplicate resolution is skipped.
 
     Duplicate indices: the last (unmasked) occurrence wins. Each touched parent is recomputed
-    from its K children (never updated by deltas): per level one ``[B, K, C]`` row gather and
-    one scatter, O(B K log_K N) in all; the levels with no more rows than B are rebuilt whole
-    instead. Recomputing the ancestors of an unwritten (masked or duplicate) leaf is harmless.
+    from its K children (never updated by deltas): per level and column one ``[B, K]`` row
+    gather and one scatter, O(B K C log_K N) in all; the levels with no more rows than B are
+    rebuilt whole instead. Recomputing the ancestors of an unwritten (masked or duplicate)
+    leaf is harmless.
     """
-    offsets, k, width = tree.level_offsets, tree.fanout, tree.nodes.shape[1]
+    offsets, k = tree.level_offsets, tree.fanout
     batch = leaf_indices.shape[0]
-    nodes = leaf_indices.astype(jnp.int32)
+    leaf_indices = leaf_indices.astype(jnp.int32)
     if indices_are_unique:
         keep = jnp.ones((batch,), bool) if write_mask is None else write_mask
     else:
-        keep = last_write_wins(nodes, write_mask, index_bound=tree.capacity)
+        keep = last_write_wins(leaf_indices, write_mask, index_bound=tree.capacity)
     # Writes that lose (duplicates, masked) are sent out of range and dropped.
-    rows = tree.nodes.at[jnp.where(keep, offsets[-2] + nodes, offsets[-1])].set(
-        values.astype(tree.nodes.dtype), mode="drop"
-    )
-    for d in range(tree.depth - 1, -1, -1):  # parent level d
-        if (offsets[d + 2] - offsets[d + 1]) // k <= batch:
-            return _rebuild_levels(tree.replace(nodes=rows), d + 1)
-        nodes = nodes // k
-        children = rows.reshape(-1, k, width)[offsets[d + 1] // k + nodes]  # [B, K, C]
-        rows = rows.at[offsets[d] + nodes].set(_reduce_siblings(children, tree.reductions))
-    return tree.replace(nodes=rows)
+    leaf_rows = jnp.where(keep, offsets[-2] + leaf_indices, offsets[-1])
+    # Parent levels whose rows outnumber the batch are updated row by row; the rest whole.
+    scattered = [d for d in range(tree.depth - 1, -1, -1)
+                 if (offsets[d + 2] - offsets[d + 1]) // k > batch]
+    columns = []
+    for i, (column, reduction) in enumerate(zip(tree.columns, tree.reductions)):
+        column = column.at[leaf_rows].set(values[:, i].astype(column.dtype), mode="drop")
+        nodes = leaf_indices
+        for d in scattered:  # parent level d, deepest first
+            nodes = nodes // k
+            children = column.reshape(-1, k)[offsets[d + 1] // k + nodes]  # [B, K]
+            column = column.at[offsets[d] + nodes].set(_reduce_siblings(children, reduction))
+        columns.append(column)
+    tree = tree.replace(columns=tuple(columns))
+    if len(scattered) < tree.depth:
+        tree = _rebuild_levels(tree, tree.depth - len(scattered))
+    return tree
 
 
-def _descend(tree: SegmentTree, remaining: jax.Array, column: int,
-             count_column: int | None = None, count_mass=None) -> jax.Array:
+def _descend(tree: SegmentTree, remaining: jax.Array, column: int):
     """Root-to-leaf walk on a sum column that only ever enters children of positive mass.
 
     Per level: one row gather of the K children ``c_0 … c_{K−1}`` of each current node, then
     the last child ``j`` with positive mass and ``S_j = c_0 + … + c_{j−1} ≤ remaining``, found
-    by one running sum over the K columns (elementwise over the batch, one fused loop). With
-    ``count_column``, a node's mass is ``sum + count_mass · count`` (see :func:`sample`).
+    by one running sum over the K columns (elementwise over the batch, one fused loop). Only
+    this column is read. Returns ``(leaf, in_tail, tail_offset)``: ``in_tail`` marks the
+    targets at or beyond the root's children's total S (at the first level), ``tail_offset``
+    their ``target − S``; their leaf is some positive-mass leaf (the walk stays guarded).
     """
-    k, width = tree.fanout, tree.nodes.shape[1]
-    child_rows = tree.nodes.reshape(-1, k * width)
+    k = tree.fanout
+    child_rows = tree.columns[column].reshape(-1, k)
     first_child_row = jnp.asarray([o // k for o in tree.level_offsets[1:-1]], jnp.int32)
 
     def step_down(d, carry):
-        node, remaining = carry
-        children = child_rows[first_child_row[d] + node]  # [B, K·C]
+        node, remaining, in_tail, tail_offset = carry
+        children = child_rows[first_child_row[d] + node]  # [B, K]
         before = jnp.zeros_like(remaining)
         chosen, chosen_before = jnp.zeros_like(node), jnp.zeros_like(remaining)
         for j in range(k):
-            mass = children[:, j * width + column]
-            if count_column is not None:
-                mass = mass + count_mass * children[:, j * width + count_column]
+            mass = children[:, j]
             enter = (before <= remaining) & (mass > 0)
             chosen = jnp.where(enter, j, chosen)
             chosen_before = jnp.where(enter, before, chosen_before)
             before = before + mass
-        return k * node + chosen, remaining - chosen_before
+        at_root = d == 0
+        in_tail = jnp.where(at_root, remaining >= before, in_tail)
+        tail_offset = jnp.where(at_root, remaining - before, tail_offset)
+        return k * node + chosen, remaining - chosen_before, in_tail, tail_offset
 
     # A fori_loop, not an unrolled walk: unrolled, XLA fuses each level's choice into the next
-    # level's gather and recomputes it for every one of the K·C gathered elements.
+    # level's gather and recomputes it for every one of the K gathered elements. The tail test
+    # is carried out of the loop too: computed outside from the root, XLA fuses the root's
+    # read into consumers scheduled after a write of the column and copies the whole column.
     start = jnp.zeros(remaining.shape, jnp.int32)
-    node, _ = jax.lax.fori_loop(0, tree.depth, step_down, (start, remaining))
-    return node
+    no_tail = jnp.zeros(remaining.shape, bool)
+    node, _, in_tail, tail_offset = jax.lax.fori_loop(
+        0, tree.depth, step_down, (start, remaining, no_tail, jnp.zeros_like(remaining)))
+    return node, in_tail, tail_offset
 
 
-def sample(tree: SegmentTree, targets: jax.Array, column: int = 0,
-           count_column: int | None = None, count_mass=None) -> jax.Array:
+def sample(tree: SegmentTree, targets: jax.Array, column: int = 0, tail_mass=None):
     """Prefix-sum descent of a sum column: for each target mass returns a leaf index.
 
     Leaf ``i`` is returned for targets in ``[S_i, S_{i+1})`` with ``S`` the prefix sums of the
@@ -276,33 +294,36 @@ def sample(tree: SegmentTree, targets: jax.Array, column: int = 0,
     Args:
       tree: a tree whose ``column`` is a sum.
       targets: ``[B]`` target masses.
-      count_column: optional second sum column (e.g. a 0/1 indicator per leaf); the mass of a
-        leaf (and of a subtree) is then ``column + count_mass · count_column``, a scalar
-        ``count_mass`` shared by every counted leaf (the buffer's decayed-priority floor).
-      count_mass: that shared scalar (traced allowed); required with ``count_column``.
+      column: the sum column to walk.
+      tail_mass: optional scalar mass M ≥ 0 placed after the leaves (traced allowed; the
+        buffer's floored items): targets are clamped into ``[0, total + M)`` instead.
     Returns:
-      ``[B]`` int32 leaf indices.
+      ``[B]`` int32 leaf indices; with ``tail_mass``, ``(leaves, in_tail, tail_offset)``:
+      ``in_tail`` [B] bool for the targets in ``[total, total + M)`` (their leaf is
+      meaningless) and ``tail_offset`` their position ``target − total`` in the tail.
     """
-    root = total(tree)[column]
-    if count_column is not None:
-        root = root + count_mass * total(tree)[count_column]
-    below_root = jnp.nextafter(root, jnp.zeros_like(root))
-    remaining = jnp.clip(targets.astype(tree.nodes.dtype), 0.0, below_root)
+    root = tree.columns[column][0]
+    limit = root if tail_mass is None else root + tail_mass
+    below_limit = jnp.nextafter(limit, jnp.zeros_like(limit))
+    remaining = jnp.clip(targets.astype(root.dtype), 0.0, below_limit)
     remaining = jnp.where(jnp.isnan(remaining), 0.0, remaining)
-    return _descend(tree, remaining, column, count_column, count_mass)
+    leaves, in_tail, tail_offset = _descend(tree, remaining, column)
+    if tail_mass is None:
+        return leaves
+    return leaves, in_tail, jnp.maximum(tail_offset, 0.0)
 
 
 def argmin(tree: SegmentTree, column: int) -> jax.Array:
     """Index of a leaf holding the minimum of a "min" column (the first such leaf in the
     descent): at every level the walk enters the first child whose value equals the parent's.
     O(K log_K N). Meaningless (returns some leaf) when every leaf holds +inf."""
-    k, width = tree.fanout, tree.nodes.shape[1]
-    child_rows = tree.nodes.reshape(-1, k * width)
+    k = tree.fanout
+    child_rows = tree.columns[column].reshape(-1, k)
     first_child_row = jnp.asarray([o // k for o in tree.level_offsets[1:-1]], jnp.int32)
-    target = total(tree)[column]
+    target = tree.columns[column][0]
 
     def step_down(d, node):
-        children = child_rows[first_child_row[d] + node].reshape(k, width)[:, column]
+        children = child_rows[first_child_row[d] + node]
         return k * node + jnp.argmax(children == target).astype(jnp.int32)
 
     return jax.lax.fori_loop(0, tree.depth, step_down, jnp.zeros((), jnp.int32))

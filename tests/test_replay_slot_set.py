@@ -1,0 +1,90 @@
+"""The slot set behind the replay floor: batched insert/remove against a Python set, and the
+floored items' sampled frequencies against their exact probabilities."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from fresh_rl.replay import ReplayConfig, make_trajectory_buffer, slot_set
+
+CAPACITY, BATCH = 24, 6
+
+
+def _check(s: slot_set.SlotSet, model: set) -> None:
+    size = int(s.size)
+    members = np.asarray(s.members)[:size]
+    assert size == len(model) and set(members.tolist()) == model
+    position = np.asarray(s.position)
+    for slot in range(CAPACITY):
+        if slot in model:
+            assert members[position[slot]] == slot
+        else:
+            assert position[slot] == CAPACITY
+    np.testing.assert_array_equal(np.asarray(slot_set.contains(s, jnp.arange(CAPACITY))),
+                                  [slot in model for slot in range(CAPACITY)])
+
+
+_insert = jax.jit(slot_set.insert)
+_remove = jax.jit(slot_set.remove)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, CAPACITY - 1), min_size=BATCH,
+                                                   max_size=BATCH, unique=True),
+                          st.lists(st.booleans(), min_size=BATCH, max_size=BATCH)),
+                min_size=1, max_size=12),
+       st.lists(st.booleans(), min_size=CAPACITY, max_size=CAPACITY))
+def test_batched_insert_and_remove_match_a_python_set(operations, start):
+    """Any sequence of batched inserts (of non-members) and removals (of members) from any
+    starting set keeps ``members[:size]`` equal to the set and ``position`` its inverse."""
+    s = slot_set.from_mask(jnp.asarray(start))
+    model = {i for i, x in enumerate(start) if x}
+    _check(s, model)
+    for is_insert, slots, mask in operations:
+        # Keep only the entries the operation allows: non-members to insert, members to remove.
+        mask = [m and ((slot not in model) == is_insert) for slot, m in zip(slots, mask)]
+        args = (s, jnp.asarray(slots, jnp.int32), jnp.asarray(mask))
+        s = _insert(*args) if is_insert else _remove(*args)
+        chosen = {slot for slot, m in zip(slots, mask) if m}
+        model = model | chosen if is_insert else model - chosen
+        _check(s, model)
+
+
+def test_removing_the_whole_tail_and_everything():
+    s = slot_set.from_mask(jnp.arange(CAPACITY) < 10)
+    s = _remove(s, jnp.asarray([9, 8, 7, 0, 1, 2], jnp.int32), jnp.ones(BATCH, bool))
+    _check(s, {3, 4, 5, 6})
+    s = _remove(s, jnp.asarray([3, 4, 5, 6, 0, 0], jnp.int32),
+                jnp.asarray([True, True, True, True, False, False]))
+    _check(s, set())
+
+
+def test_floored_items_are_sampled_at_their_exact_probability():
+    """Most of the buffer below the floor (f = 0.05, ages ≫ τ): chi-square of 2^15 draws (512 batches of 64)
+    against P(i) ∝ max(p_i e^{−age/τ}, f)^α, floored and unfloored items alike."""
+    capacity, sample_size, tau, floor, alpha = 64, 64, 5.0, 0.05, 0.6
+    buffer = make_trajectory_buffer(ReplayConfig(
+        capacity=capacity, sample_batch_size=sample_size, sampling="freshper",
+        priority_exponent=alpha, age_decay_tau=tau, new_item_priority="given",
+        min_decayed_priority=floor))
+    rng = np.random.default_rng(0)
+    priorities = rng.uniform(0.1, 2.0, capacity).astype(np.float32)
+    versions = np.repeat(np.arange(0, 64, 8), 8).astype(np.int32)  # ages 0..56 at τ = 5
+    state = buffer.init({"x": jnp.zeros(())})
+    for chunk in range(8):
+        rows = slice(8 * chunk, 8 * chunk + 8)
+        state = buffer.add(state, {"x": jnp.zeros((8,))}, jnp.asarray(versions[rows]),
+                           jnp.asarray(priorities[rows]))
+    decayed = priorities * np.exp(-(versions.max() - versions) / tau)
+    expected = np.maximum(decayed, floor) ** alpha
+    expected /= expected.sum()
+    assert 20 <= int(state.floored.size) < capacity  # both paths of the draw are exercised
+    np.testing.assert_allclose(np.asarray(buffer.sampling_probabilities(state)), expected,
+                               rtol=1e-4)
+    draw = jax.jit(jax.vmap(lambda k: buffer.sample(state, k).indices))
+    counts = np.bincount(np.asarray(draw(jax.random.split(jax.random.key(1), 512))).ravel(),
+                         minlength=capacity)
+    chi2 = stats.chisquare(counts, expected * counts.sum())
+    assert chi2.pvalue > 1e-3, chi2
