@@ -28,12 +28,21 @@ one function (:func:`param_specs`) gives the specs of the parameters, of the opt
 ring and of the EWMA reference, i.e. of a whole ``TrainState`` or ``AsyncState``.
 
 **Fallback.** A mesh axis that does not divide the dimension it would split is dropped for
-that dimension of that leaf (the leaf is replicated over that axis), e.g. 14 heads of 64 on
-``tensor=4``: 896 % 4 == 0 splits, but a KV cache's 2 KV heads on ``tensor=4`` do not, so
-the cache is replicated over ``"tensor"``.
+that dimension of that leaf (the leaf is replicated over that axis; its other dimensions keep
+their split), e.g. on ``tensor=4`` the 0.5B k_proj kernel ``[896, 128]`` splits its 128
+columns, but a KV cache's 2 KV heads do not split, so the cache is replicated over
+``"tensor"``. A vocabulary not divisible by ``tensor`` leaves the embedding unsplit by rows.
 
-**KV cache** ``[L, B, S, H_kv, D]``: ``(None, ("data", "fsdp"), None, "tensor", None)``.
+**KV cache** ``[L, B, S, H_kv, D]``: ``(None, ("data", "fsdp"), None, "tensor", None)``
+(:func:`kv_cache_specs`, for a caller that holds a cache; the sampler builds its own inside
+the program, where XLA propagates the layout from the weights and the prompts).
 **Batch arrays** ``[B, ...]``: the batch axis over ``("data", "fsdp")`` (:func:`batch_spec`).
+
+**Numerics.** A split contraction (fsdp-split rows, row-parallel o_proj / down_proj) adds
+partial sums in another order than one device. In float32 the sharded iteration agrees with
+the unsharded one to ~1e-6 (tests/test_llm_sharding.py); the bf16 sampler's logits can move
+by one bf16 ulp, which changes a sampled token wherever two candidates tie to that precision,
+so a sharded run samples the same distribution but not always the same tokens.
 
 **Seed / sweep rows.** A vmapped sweep stacks R runs on a leading row axis
 (:func:`fresh_rl.llm.trainer.stack_rows`). For a small model whose whole run fits on one
