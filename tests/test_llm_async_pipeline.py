@@ -250,6 +250,24 @@ def test_ewma_with_zero_staleness_equals_synchronous_trainer(params):
     assert np.all(ewma[1]["abs_log_rd_mean"] < 0.03)  # only the bf16 discrepancy
 
 
+def test_the_iteration_consumes_its_state_and_never_the_callers_params(params):
+    """The async iteration donates its state. θ_ref starts as a copy of θ_0 in buffers of its
+    own (donating one buffer twice is an error), and the caller's ``params`` (used by every
+    run above) stay readable."""
+    step = ap.make_iteration(CONFIG, EWMA_BETA0, ENV, MODEL)  # cached by the runs above
+    state = ap.init_state(CONFIG, EWMA_BETA0, params)
+    pointers = [{x.unsafe_buffer_pointer() for x in jax.tree_util.tree_leaves(tree)}
+                for tree in (params, state.train.params, state.ewma.params, state.ring.params)]
+    assert all(not (a & b) for i, a in enumerate(pointers) for b in pointers[i + 1:])
+    new_state, _ = step(state, jax.random.PRNGKey(0))
+    assert all(x.is_deleted() for x in jax.tree_util.tree_leaves(state))
+    assert int(new_state.ring.latest_version) == 1
+    assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(params))
+    for a, b in zip(jax.tree_util.tree_leaves(params),
+                    jax.tree_util.tree_leaves(restore_params(WARM_START, MODEL))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 # --------------------------------------------------------------------------- registry
 
 

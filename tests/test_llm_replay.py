@@ -20,7 +20,7 @@ from fresh_rl.llm import replay_trainer as rt
 from fresh_rl.llm.hparams import LLMHyperParams
 from fresh_rl.llm.model import preset
 from fresh_rl.llm.presets import FRESHPER_SCALES, SYNC, TASKS, WARM_START
-from fresh_rl.llm.trainer import RLConfig, loop_keys
+from fresh_rl.llm.trainer import RLConfig, loop_keys, stack_rows
 from fresh_rl.llm.warm_start import restore_params
 from fresh_rl.sweep.checkpoint import RunCheckpointer
 from fresh_rl.sweep.keys import step_key
@@ -179,6 +179,23 @@ def test_interrupted_run_resumes_exactly(params, tmp_path):
 
 
 # --------------------------------------------------------------------------- τ hyperparameter
+
+
+def test_the_iteration_consumes_its_state_and_never_the_callers_params(params):
+    """The replay iteration (vmapped over the seeds) donates its state; init_state copies the
+    caller's ``params`` and ``hparams``, which stay readable after the run."""
+    fresh = METHODS["freshper"]
+    hparams = LLMHyperParams.from_config(SYNC, fresh)
+    state = rt.init_state(CONFIG, SYNC, fresh, params, ENV, hparams=hparams)
+    state = stack_rows(state, len(SEEDS))
+    step = rt.make_iteration(CONFIG, SYNC, fresh, ENV, MODEL, len(SEEDS))  # cached
+    key_loop, _ = loop_keys(SEEDS)
+    new_state, _ = step(state, step_key(key_loop, 0))
+    assert all(x.is_deleted() for x in jax.tree_util.tree_leaves(state))
+    assert np.all(np.asarray(new_state.iteration) == 1)
+    for tree in (params, hparams):
+        assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(tree))
+    assert float(hparams.age_decay_tau) == fresh.age_decay_tau
 
 
 def test_tau_lives_in_the_hyperparameters(params):

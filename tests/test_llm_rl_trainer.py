@@ -17,8 +17,8 @@ from fresh_rl.llm.rollout import expert_policy, run_episodes
 from fresh_rl.llm.sampler import token_logprobs_and_entropy
 from fresh_rl.llm.tasks import ArithmeticTask, FrozenLakeTask
 from fresh_rl.llm.trainer import (Batch, RLConfig, group_prompt_match, group_reset_keys,
-                                  init_train_state, policy_loss, prompt_pool_keys, train_loop,
-                                  update)
+                                  init_train_state, make_iteration, policy_loss,
+                                  prompt_pool_keys, train_loop, update)
 from fresh_rl.llm.warm_start import restore_params
 
 MODEL = preset("tiny")
@@ -259,6 +259,24 @@ def test_short_run_metrics_are_finite_and_sane(short_run, params):
     assert np.all(h1["response_tokens"] >= 1)
     # a different key gives a different batch
     assert not np.array_equal(h1["abs_log_rd_mean"], h3["abs_log_rd_mean"])
+
+
+def test_the_iteration_consumes_its_state_and_never_the_callers_params(short_run, params):
+    """make_iteration donates the state (donate_argnums=0): on this CPU backend every leaf of
+    the passed state is deleted after the call (XLA aliased or freed it), while the caller's
+    ``params`` survive the three train_loops of ``short_run`` (init_train_state copies them)."""
+    assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(params))
+    for a, b in zip(_leaves(params), _leaves(restore_params(WARM_START, MODEL))):
+        np.testing.assert_array_equal(a, b)
+    step = make_iteration(CONFIG, ENV, MODEL)  # cached: the program short_run compiled
+    state = init_train_state(CONFIG, params)
+    assert not any(a.unsafe_buffer_pointer() == b.unsafe_buffer_pointer()
+                   for a, b in zip(jax.tree_util.tree_leaves(state.params),
+                                   jax.tree_util.tree_leaves(params)))
+    new_state, _ = step(state, jax.random.PRNGKey(0))
+    assert all(x.is_deleted() for x in jax.tree_util.tree_leaves(state))
+    assert int(new_state.step) == CONFIG.epochs * CONFIG.minibatches
+    assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(params))
 
 
 def test_compute_advantages_dispatch():

@@ -84,8 +84,10 @@ class EWMAReference:
 
 
 def init_ewma_reference(params: Any) -> EWMAReference:
-    """θ_ref = θ_0 (docs/old_logits.md, "Revised PPO-EWMA")."""
-    return EWMAReference(params=params, reset_count=jnp.zeros((), jnp.int32))
+    """θ_ref = θ_0 (docs/old_logits.md, "Revised PPO-EWMA"), a copy with its own buffers (a
+    state holding θ and θ_ref can be donated to a jitted step without aliasing the two)."""
+    return EWMAReference(params=jax.tree_util.tree_map(jnp.array, params),
+                         reset_count=jnp.zeros((), jnp.int32))
 
 
 def ewma_update(

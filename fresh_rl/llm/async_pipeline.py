@@ -49,8 +49,8 @@ from fresh_rl.llm.model import Qwen2Config
 from fresh_rl.llm.rollout import Episodes, right_to_left_padded, run_episodes, write_span
 from fresh_rl.llm.sampler import generate, join_prompt_and_generation
 from fresh_rl.llm.trainer import (Batch, RLConfig, TrainState, batch_metrics, cached_build,
-                                  group_reset_keys, init_train_state, loop_keys, prepare_batch,
-                                  sampling_config, stack_rows, update)
+                                  group_reset_keys, init_train_state, loop_keys, owned_copy,
+                                  prepare_batch, sampling_config, stack_rows, update)
 from fresh_rl.sweep.loop import run_loop
 from fresh_rl.validation import require_choice, require_in_range, require_int
 
@@ -138,12 +138,14 @@ def init_state(config: RLConfig, async_config: AsyncConfig, params,
     """Version 0 = ``params`` everywhere; ``hparams`` (default
     ``LLMHyperParams.from_config(async_config, window=window)``, window default W, must lie
     in [0, W]); θ_ref allocated iff the route ``uses_ewma``; committed to the parameters'
-    device."""
+    device. Every leaf has its own buffer (:func:`fresh_rl.llm.trainer.owned_copy`), so the
+    donating iteration never frees the caller's ``params`` / ``hparams``."""
     if hparams is None:
         hparams = LLMHyperParams.from_config(async_config, window=window)
     elif window is not None:
         raise ValueError("init_state: pass window inside hparams, not both")
     hparams.validate(async_config.staleness_window)
+    hparams = owned_copy(hparams)
     train = init_train_state(config, params)
     ewma = init_ewma_reference(train.params) if async_config.route.uses_ewma else None
     state = AsyncState(train=train, ring=version_ring.init(train.params, async_config.ring_size),
@@ -340,7 +342,8 @@ def iteration(state: AsyncState, key, *, config: RLConfig, async_config: AsyncCo
 def make_iteration(config: RLConfig, async_config: AsyncConfig, env, model_config: Qwen2Config,
                    num_seeds: Optional[int] = None):
     """Jitted ``(state, key) -> (state, metrics)``; with ``num_seeds`` vmapped over a leading
-    seed axis of state and key. Cached like :func:`fresh_rl.llm.trainer.make_iteration`."""
+    seed axis of state and key. Cached and state-donating like
+    :func:`fresh_rl.llm.trainer.make_iteration`."""
     if config.loss != "decoupled":
         raise ValueError(f"RLConfig.loss must be 'decoupled' for the async pipeline (the "
                          f"routes supply its old log-probs), got {config.loss!r}")
@@ -349,7 +352,7 @@ def make_iteration(config: RLConfig, async_config: AsyncConfig, env, model_confi
         fn = lambda state, key: iteration(state, key, config=config,  # noqa: E731
                                           async_config=async_config, env=env,
                                           model_config=model_config)
-        return jax.jit(fn if num_seeds is None else jax.vmap(fn))
+        return jax.jit(fn if num_seeds is None else jax.vmap(fn), donate_argnums=0)
 
     return cached_build(("async", config, async_config, env, model_config, num_seeds), build)
 
@@ -380,8 +383,9 @@ def train_loop(config: RLConfig, async_config: AsyncConfig, seeds, num_iteration
         state = stack_rows(state, num_seeds)
         if batched:
             hparams.validate(async_config.staleness_window)
-            state = state.replace(hparams=jax.device_put(hparams, jax.tree_util.tree_leaves(
-                state.hparams)[0].sharding))
+            state = state.replace(hparams=jax.device_put(owned_copy(hparams),
+                                                         jax.tree_util.tree_leaves(
+                                                             state.hparams)[0].sharding))
     return run_loop(step_fn, state, key_loop, num_iterations, checkpointer=checkpointer,
                     checkpoint_every=checkpoint_every, log=log)
 

@@ -204,7 +204,9 @@ def init_state(config: RLConfig, async_config: ap.AsyncConfig, replay_config: LL
                hparams: Optional[LLMHyperParams] = None) -> ReplayLoopState:
     """A fresh run from ``params``: ``hparams`` default
     ``LLMHyperParams.from_config(async_config, replay_config, window=window)``; the buffer's
-    α/τ is written from ``hparams.age_decay_tau``."""
+    α/τ is written from ``hparams.age_decay_tau``. ``params`` and ``hparams`` are copied
+    (:func:`fresh_rl.llm.async_pipeline.init_state`): the donating iteration consumes the
+    state, never the caller's arrays."""
     check_compatible(config, replay_config)
     if hparams is None:
         hparams = LLMHyperParams.from_config(async_config, replay_config, window=window)
@@ -216,7 +218,8 @@ def init_state(config: RLConfig, async_config: ap.AsyncConfig, replay_config: LL
     state = ReplayLoopState(pipeline=pipeline, replay=replay,
                             iteration=jnp.zeros((), jnp.int32),
                             kl_per_version=jnp.zeros((), jnp.float32))
-    state = with_age_decay_tau(state, replay_config, config.batch_size, hparams.age_decay_tau)
+    state = with_age_decay_tau(state, replay_config, config.batch_size,
+                               pipeline.hparams.age_decay_tau)  # the state's own copy
     leaf = jax.tree_util.tree_leaves(params)[0]
     return jax.device_put(state, getattr(leaf, "sharding", None) or jax.devices()[0])
 
@@ -374,7 +377,7 @@ def make_iteration(config: RLConfig, async_config: ap.AsyncConfig,
                    replay_config: LLMReplayConfig, env, model_config: Qwen2Config,
                    num_seeds: Optional[int] = None):
     """Jitted ``(state, key) -> (state, metrics)`` (vmapped over seeds with ``num_seeds``),
-    cached like :func:`fresh_rl.llm.trainer.make_iteration`."""
+    cached and state-donating like :func:`fresh_rl.llm.trainer.make_iteration`."""
     check_compatible(config, replay_config)
 
     def build():
@@ -382,7 +385,7 @@ def make_iteration(config: RLConfig, async_config: ap.AsyncConfig,
                                           async_config=async_config,
                                           replay_config=replay_config, env=env,
                                           model_config=model_config)
-        return jax.jit(fn if num_seeds is None else jax.vmap(fn))
+        return jax.jit(fn if num_seeds is None else jax.vmap(fn), donate_argnums=0)
 
     return cached_build(("replay", config, async_config, replay_config, env, model_config,
                          num_seeds), build)

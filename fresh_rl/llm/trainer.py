@@ -226,10 +226,21 @@ def make_optimizer(config: RLConfig) -> optax.GradientTransformation:
                        optax.adamw(config.learning_rate, weight_decay=config.weight_decay))
 
 
+def owned_copy(tree):
+    """``tree`` with every array leaf copied into a buffer of its own. The jitted iterations
+    donate their state (``donate_argnums=0``: the new state reuses its memory, so it is not
+    held twice), which frees the donated arrays; a state must therefore share no buffer with
+    its caller's arrays, nor one leaf with another."""
+    return jax.tree_util.tree_map(jnp.array, tree)
+
+
 def init_train_state(config: RLConfig, params) -> TrainState:
-    """Fresh optimizer state; every leaf is committed to the device of the parameters, so the
-    jitted iteration sees the same argument placement on its first and later calls (an
-    uncommitted optimizer counter would otherwise trigger a second compilation)."""
+    """Fresh optimizer state and a copy of ``params`` (:func:`owned_copy`: the iteration
+    donates the state, the caller keeps its ``params``); every leaf is committed to the device
+    of the parameters, so the jitted iteration sees the same argument placement on its first
+    and later calls (an uncommitted optimizer counter would otherwise trigger a second
+    compilation)."""
+    params = owned_copy(params)
     state = TrainState(params=params, opt_state=make_optimizer(config).init(params),
                        step=jnp.zeros((), jnp.int32))
     leaf = jax.tree_util.tree_leaves(params)[0]
@@ -456,10 +467,12 @@ def cached_build(cache_key: tuple, build):
 
 def make_iteration(config: RLConfig, env, model_config: Qwen2Config):
     """Jitted ``(state, key) -> (state, metrics)`` of one full iteration, cached per
-    ``(config, env, model_config)`` (:func:`cached_build`)."""
+    ``(config, env, model_config)`` (:func:`cached_build`). The state argument is donated:
+    the new state reuses its buffers and the passed state is consumed (deleted), so call it
+    as ``state, metrics = step(state, key)``."""
     return cached_build(("sync", config, env, model_config), lambda: jax.jit(
         lambda state, key: iteration(state, key, config=config, env=env,
-                                     model_config=model_config)))
+                                     model_config=model_config), donate_argnums=0))
 
 
 def loop_keys(seeds) -> tuple[jax.Array, Optional[int]]:
@@ -496,7 +509,8 @@ def train_loop(config: RLConfig, seed, num_iterations: int, *, params, env,
     :func:`loop_keys`) from ``params`` (or ``state``) through the one host loop
     :func:`fresh_rl.sweep.run_loop` (history ``[num_iterations]`` per metric plus
     ``wall_seconds``; logging; checkpoint/resume of the whole state). Returns
-    ``(state, history)``."""
+    ``(state, history)``. A passed ``state`` is consumed (the iteration donates it);
+    ``params`` are copied and stay the caller's."""
     key_loop, num_seeds = loop_keys(seed)
     if num_seeds is not None:
         raise ValueError("the synchronous trainer runs one seed; pass an int seed")
@@ -510,5 +524,6 @@ __all__ = ["Batch", "PROXIMAL_PROXIES", "RLConfig", "TrainState", "batch_metrics
            "cached_build", "collect", "compute_advantages", "group_prompt_match",
            "group_reset_keys", "init_train_state", "iteration",
            "loop_keys", "loss_terms", "make_iteration", "make_optimizer", "minibatch_gradient",
+           "owned_copy",
            "policy_logprobs", "policy_loss", "prepare_batch",
            "sampling_config", "stack_rows", "train_loop", "update"]
