@@ -247,8 +247,10 @@ def _head_logprobs_and_entropy(model, params, hidden, targets, temperature):
 
 def token_logprobs_and_entropy(params, model_config: Qwen2Config, tokens, mask,
                                temperature: float = 1.0,
-                               chunk_tokens: int = LOGPROB_CHUNK_TOKENS, remat: bool = False):
-    """Training-engine forward in float32.
+                               chunk_tokens: int = LOGPROB_CHUNK_TOKENS, remat: bool = False,
+                               dtype: str = "float32"):
+    """Training-engine forward in float32 (``dtype``: the compute dtype, e.g. ``"bfloat16"``
+    for a bf16 update; the log-softmax stays float32).
 
     Returns `(logprobs, entropy)`, both `[B, T]`: entry t refers to the distribution
     softmax(logits_{t-1} / temperature) that predicts token t from tokens < t;
@@ -268,7 +270,7 @@ def token_logprobs_and_entropy(params, model_config: Qwen2Config, tokens, mask,
     if not isinstance(chunk_tokens, int) or chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be an integer >= 1, got {chunk_tokens!r}")
     mask = mask.astype(bool)
-    model = Qwen2LM(model_config, remat=remat)
+    model = Qwen2LM(model_config, dtype=jnp.dtype(dtype), remat=remat)
     hidden, _ = model.apply({"params": params}, tokens, positions_from_mask(mask), mask,
                             logits_for="none")
     b, t = tokens.shape
