@@ -77,6 +77,11 @@ def child(out: str) -> None:
     state, metrics = step(state, key)
     out_specs = {jax.tree_util.keystr(p): repr(x.sharding.spec)
                  for p, x in jax.tree_util.tree_leaves_with_path(state)}
+    ring = sharding.shard_state(
+        ap.init_state(CONFIG, ap.AsyncConfig(staleness_window=2), params), mesh).ring
+    ring_kernel = ring.params["layers"]["self_attn"]["q_proj"]["kernel"]
+    ring_layout = {"spec": repr(ring_kernel.sharding.spec),
+                   "shards": sorted({s.data.shape for s in ring_kernel.addressable_shards})}
     one_mesh = sharding.make_mesh(sharding.MeshConfig(), devices=jax.devices()[:1])
     one = sharding.shard_state(init_train_state(CONFIG, params), one_mesh)
     one = sharding.sharded_iteration(CONFIG, ENV, MODEL, one_mesh, one)(one, key)
@@ -91,7 +96,7 @@ def child(out: str) -> None:
              **{"sharded" + k: v for k, v in _flat((state, metrics)).items()},
              **{"one" + k: v for k, v in _flat(one).items()})
     Path(out).with_suffix(".json").write_text(json.dumps(
-        {"layout": layout, "out_specs": out_specs, "bad": bad}))
+        {"layout": layout, "out_specs": out_specs, "bad": bad, "ring": ring_layout}))
 
 
 @pytest.fixture(scope="module")
@@ -149,6 +154,9 @@ def test_every_parameter_is_laid_out_by_its_spec(eight_devices):
     # the iteration's output state keeps the input layout (out_shardings)
     for name, (spec, _) in expected.items():
         assert result["out_specs"][f".params{name}"] == repr(spec), name
+    # the async version ring [K=3, L, H, heads·D]: ring and layer axes whole on every device
+    assert result["ring"] == {"spec": repr(P(None, None, "fsdp", "tensor")),
+                              "shards": [[3, 4, 64, 64]]}
 
 
 def test_bad_mesh_sizes_raise_naming_the_fields(eight_devices):
