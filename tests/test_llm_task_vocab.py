@@ -3,6 +3,7 @@ model tokens), the mismatch errors and the stand-in model playing episodes. The 
 is checked against transformers' own apply_chat_template output
 (tests/fixtures/qwen2_bpe_tiny/reference.json); every task's expert episodes through this
 vocabulary: tests/test_llm_task_vocab_episodes.py."""
+import dataclasses
 import json
 import os
 import re
@@ -37,7 +38,12 @@ def test_vocab_reads_the_folder():
     assert BPE.decode(BPE.turn_prefix) == "\n<|im_start|>user\n"
     assert TaskVocab.from_pretrained(STANDIN) == BPE and hash(TaskVocab.from_pretrained(
         STANDIN)) == hash(BPE)  # equal folders: one compilation
-    assert CHAR_VOCAB.frame_len == 0 and BPE.frame_len == len(BPE.first_prefix) + len(BPE.obs_suffix)
+    assert CHAR_VOCAB.frame_len == 0
+    assert BPE.frame_len == len(BPE.first_prefix) + len(BPE.obs_suffix)
+    wide = dataclasses.replace(CHAR_VOCAB, vocab_size=1024)  # a char task for a bigger model
+    assert wide.vocab_size == 1024 and wide.is_char and wide.stop_tokens == (2,)
+    with pytest.raises(ValueError, match="needs its tokenizer"):
+        dataclasses.replace(BPE, vocab_size=1024)
 
 
 def test_chat_framing_matches_transformers_apply_chat_template():

@@ -6,9 +6,10 @@ solvable by construction. With probability `slip_prob` a move goes to a random p
 direction instead (gym's "slippery" ice, as a knob).
 Observation: (first turn only) the rules line, then the grid, one row per line:
   'P' player, 'O' hole, 'G' goal, '_' ice; then "move:".
-Action: one of U D L R followed by EOS (the vocabulary's end-of-turn token). Reward 1 on reaching G (episode ends), 0 otherwise;
-falling in a hole ends the episode; a malformed action costs `format_penalty` and does not
-move. The episode also ends after `max_turns` moves.
+Action: one of U D L R followed by EOS (the vocabulary's end-of-turn token). Reward 1 on
+reaching G (episode ends), 0 otherwise; falling in a hole ends the episode; a malformed
+action costs `format_penalty` and does not move. The episode also ends after `max_turns`
+moves.
 """
 from __future__ import annotations
 

@@ -8,9 +8,10 @@ solution; it is kept in the state as the expert demonstration. Levels that end u
 are re-drawn.
 Observation: (first turn only) the rules, then the grid: '#' wall, '_' floor, '.' target,
 '$' box, '*' box on target, '@' player, '+' player on target; then "move:".
-Action: U, D, L or R then EOS (the vocabulary's end-of-turn token). Reward (ROLL/RAGEN convention): -0.1 per move, +1 for a box
-pushed onto a target, -1 for one pushed off, +10 when all boxes are on targets (episode
-ends); a malformed action costs `format_penalty` and does not move.
+Action: U, D, L or R then EOS (the vocabulary's end-of-turn token). Reward (ROLL/RAGEN
+convention): -0.1 per move, +1 for a box pushed onto a target, -1 for one pushed off, +10
+when all boxes are on targets (episode ends); a malformed action costs `format_penalty` and
+does not move.
 """
 from __future__ import annotations
 

@@ -89,8 +89,10 @@ def _framing_texts(tokenizer, chat_template, end_id: int) -> tuple[str, str, str
 @dataclasses.dataclass(frozen=True)
 class TaskVocab:
     """See the module docstring. Fields identify the vocabulary (equal fields: equal
-    vocabularies, one compilation); the tokenizer and its tables are derived attributes.
-    ``max_token_chars`` (our default 16) bounds the characters kept per token when parsing."""
+    vocabularies, one compilation); the tokenizer and its tables are derived attributes, so
+    ``dataclasses.replace`` works on the char vocabulary only (e.g. a wider ``vocab_size``)
+    and raises on others. ``max_token_chars`` (our default 16) bounds the characters kept per
+    token when parsing."""
 
     source: str  # "char" or the tokenizer's folder
     vocab_size: int
@@ -105,6 +107,10 @@ class TaskVocab:
         require_in_range("TaskVocab.max_token_chars", self.max_token_chars, 1, 255)
         if not self.stop_tokens:
             raise ValueError(f"TaskVocab {self.source!r} needs at least one stop token")
+        if tokenizer is None and not self.is_char:  # e.g. dataclasses.replace of a BPE vocab
+            raise ValueError(f"TaskVocab {self.source!r} needs its tokenizer (only the 'char' "
+                             f"vocabulary defaults to the char tokenizer): build it with "
+                             f"TaskVocab.from_pretrained")
         tokenizer = CHAR_TOKENIZER if tokenizer is None else tokenizer
         size = tokenizer.vocab_size
         if self.vocab_size < size:
