@@ -10,6 +10,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from fresh_rl.llm.checkpoint import load_hf_checkpoint, load_hf_model
@@ -42,8 +43,11 @@ def test_vocab_reads_the_folder():
     assert BPE.frame_len == len(BPE.first_prefix) + len(BPE.obs_suffix)
     wide = dataclasses.replace(CHAR_VOCAB, vocab_size=1024)  # a char task for a bigger model
     assert wide.vocab_size == 1024 and wide.is_char and wide.stop_tokens == (2,)
-    with pytest.raises(ValueError, match="needs its tokenizer"):
-        dataclasses.replace(BPE, vocab_size=1024)
+    wide = dataclasses.replace(BPE, vocab_size=1024)  # rebuilt from the same tokenizer
+    assert wide.token_chars[0].shape == (1024, 16) and wide.chat_template is not None
+    np.testing.assert_array_equal(wide.obs_suffix, BPE.obs_suffix)
+    with pytest.raises(ValueError, match="'x' needs its tokenizer"):
+        TaskVocab(source="x", vocab_size=128, pad_id=0, bos_id=1, stop_tokens=(2,))
 
 
 def test_chat_framing_matches_transformers_apply_chat_template():

@@ -89,10 +89,10 @@ def _framing_texts(tokenizer, chat_template, end_id: int) -> tuple[str, str, str
 @dataclasses.dataclass(frozen=True)
 class TaskVocab:
     """See the module docstring. Fields identify the vocabulary (equal fields: equal
-    vocabularies, one compilation); the tokenizer and its tables are derived attributes, so
-    ``dataclasses.replace`` works on the char vocabulary only (e.g. a wider ``vocab_size``)
-    and raises on others. ``max_token_chars`` (our default 16) bounds the characters kept per
-    token when parsing."""
+    vocabularies, one compilation); the tokenizer and its tables are derived attributes (the
+    ``tokenizer`` and ``chat_template`` init-only arguments are kept as attributes, so
+    ``dataclasses.replace``, e.g. to a wider ``vocab_size``, rebuilds from the same ones).
+    ``max_token_chars`` (our default 16) bounds the characters kept per token when parsing."""
 
     source: str  # "char" or the tokenizer's folder
     vocab_size: int
@@ -107,7 +107,7 @@ class TaskVocab:
         require_in_range("TaskVocab.max_token_chars", self.max_token_chars, 1, 255)
         if not self.stop_tokens:
             raise ValueError(f"TaskVocab {self.source!r} needs at least one stop token")
-        if tokenizer is None and not self.is_char:  # e.g. dataclasses.replace of a BPE vocab
+        if tokenizer is None and not self.is_char:
             raise ValueError(f"TaskVocab {self.source!r} needs its tokenizer (only the 'char' "
                              f"vocabulary defaults to the char tokenizer): build it with "
                              f"TaskVocab.from_pretrained")
@@ -116,7 +116,7 @@ class TaskVocab:
         if self.vocab_size < size:
             raise ValueError(f"TaskVocab {self.source!r}: vocab_size {self.vocab_size} is smaller "
                              f"than its tokenizer's {size} ids")
-        attributes = {"tokenizer": tokenizer, "_segments": {}}
+        attributes = {"tokenizer": tokenizer, "chat_template": chat_template, "_segments": {}}
         first, turn, suffix = (np.asarray(tokenizer.encode(t), np.int32) for t in
                                _framing_texts(tokenizer, chat_template, self.stop_tokens[0]))
         if chat_template is not None and len(first):  # its first token opens the transcript
