@@ -137,7 +137,7 @@ def _programs(depths, mesh_shape=None):
             step = jax.jit(lambda state, key: trainer.iteration(
                 state, key, config=rl, env=env, model_config=config), donate_argnums=0)
         else:
-            step = sharding.sharded_iteration(rl, env, config, mesh, state, donate=True)
+            step = sharding.sharded_iteration(rl, env, config, mesh, state)
         return step, (state, key)
 
     base = preset("qwen2.5-0.5b")

@@ -204,12 +204,14 @@ def shard_state(state: Any, mesh: Mesh, row_axis: bool = False) -> Any:
 
 
 def sharded_iteration(config: RLConfig, env, model_config: Qwen2Config, mesh: Mesh,
-                      state: Any, donate: bool = False):
+                      state: Any, donate: bool = True):
     """``jax.jit`` of :func:`fresh_rl.llm.trainer.iteration` with the state in and out
     sharded by :func:`state_shardings` (of ``state``, concrete or abstract), the key and the
-    metrics replicated; XLA propagates the rest. ``donate``: the input state's buffers are
-    reused for the output, so neither it nor the arrays it was placed from (``device_put``
-    may share a buffer with them, e.g. a replicated leaf) may be read afterwards."""
+    metrics replicated; XLA propagates the rest. ``donate`` (default, as
+    :func:`~fresh_rl.llm.trainer.make_iteration`): the input state's buffers are reused for
+    the output, so neither it nor the arrays it was placed from may be read afterwards
+    (``device_put`` may share a buffer with them, e.g. a leaf already in place; a state from
+    ``init_train_state`` owns its buffers)."""
     shardings = state_shardings(state, mesh)
     replicated = NamedSharding(mesh, PartitionSpec())
     return jax.jit(lambda state, key: iteration(state, key, config=config, env=env,
