@@ -87,6 +87,13 @@ PRESETS: dict[str, Qwen2Config] = {
                                 num_key_value_heads=2, max_position_embeddings=32768,
                                 rope_theta=1000000.0, rms_norm_eps=1e-6,
                                 tie_word_embeddings=True),
+    # Qwen2.5-1.5B (its published config.json; max_position_embeddings changes no parameter
+    # shape: 32768 as the 0.5B preset and the Instruct model, the base model lists 131072).
+    "qwen2.5-1.5b": Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_size=8960,
+                                num_hidden_layers=28, num_attention_heads=12,
+                                num_key_value_heads=2, max_position_embeddings=32768,
+                                rope_theta=1000000.0, rms_norm_eps=1e-6,
+                                tie_word_embeddings=True),
 }
 
 

@@ -38,15 +38,8 @@ RESULTS = REPOSITORY_ROOT / "results"
 WARM_START = str(RESULTS / "llm_warm_start" / "checkpoint")
 ARITHMETIC_WARM_START = str(RESULTS / "llm_warm_start_arithmetic" / "checkpoint")
 
-# Qwen2.5-1.5B (its published config.json; the conventions of model.PRESETS["qwen2.5-0.5b"]:
-# float32 master weights, tied embeddings, 2 KV heads). max_position_embeddings changes no
-# parameter shape; 32768 as the 0.5B preset (the base model's config.json lists 131072, its
-# Instruct model's 32768). Defined here rather than in model.PRESETS, hence not reachable by
-# ``preset(name)``; :func:`load_params` of a Hugging Face folder reads its own config.
-QWEN2_5_1_5B = Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_size=8960,
-                           num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                           max_position_embeddings=32768, rope_theta=1000000.0,
-                           rms_norm_eps=1e-6, tie_word_embeddings=True)
+# The Qwen2.5-1.5B shapes (model.PRESETS["qwen2.5-1.5b"]), the scale benchmark's larger model.
+QWEN2_5_1_5B = preset("qwen2.5-1.5b")
 
 
 def char_task_for(env, model_config):
