@@ -103,3 +103,25 @@ def test_mismatched_trees_fail_with_chex_message():
     ref = init_ewma_reference(make_params(0))
     with pytest.raises(AssertionError):
         ewma_update(ref, {"dense": make_params(1)["dense"]}, EWMAConfig(beta=0.5))
+
+
+def test_bf16_reference_of_fp32_params_rounds_each_mix_and_loses_sub_ulp_steps():
+    """A bfloat16 θ_ref of fp32 θ (``init_ewma_reference(params, jnp.bfloat16)``): the update is
+    the fp32 mix rounded to bf16, the reset casts θ to bf16, and a step (1 − β)(θ − θ_ref)
+    below half a bf16 ulp is lost (the documented floor), where an fp32 θ_ref moves."""
+    theta = {"w": jnp.asarray([1.0, 0.5, -2.0], jnp.float32)}
+    ref16 = init_ewma_reference(theta, jnp.bfloat16)
+    assert ref16.params["w"].dtype == jnp.bfloat16
+    target = {"w": jnp.asarray([1.3, 0.25, -1.0], jnp.float32)}
+    new = update_jit(ref16, target, EWMAConfig(beta=0.5))
+    expected = (0.5 * ref16.params["w"].astype(jnp.float32) + 0.5 * target["w"]).astype(jnp.bfloat16)
+    assert new.params["w"].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(new.params["w"]), np.asarray(expected))
+    reset = reset_jit(new, target, jnp.float32(0.0), EWMAConfig(beta=0.5, reset_active_fraction=0.9))
+    assert reset.params["w"].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(reset.params["w"]), np.asarray(target["w"].astype(jnp.bfloat16)))
+    nudged = {"w": theta["w"] + 2.0 ** -9}  # (1 − β)·2⁻⁹ = 2⁻¹⁰ < half an ulp of 1.0 in bf16 (2⁻⁸)
+    stuck = update_jit(ref16, nudged, EWMAConfig(beta=0.5))
+    np.testing.assert_array_equal(np.asarray(stuck.params["w"][0]), np.asarray(ref16.params["w"][0]))
+    moved = update_jit(init_ewma_reference(theta), nudged, EWMAConfig(beta=0.5))
+    assert float(moved.params["w"][0]) > 1.0

@@ -154,3 +154,18 @@ def test_traced_out_of_range_lag_is_clipped_safely():
     ring, _ = build(3, [1, 2, 3, 4])  # latest version 4, holds 2..4
     assert int(version_of_jit(ring, jnp.int32(9))) == 2
     assert int(version_of_jit(ring, jnp.int32(-5))) == 4
+
+
+def test_bf16_storage_casts_float_leaves_on_init_and_push():
+    """A bfloat16 ring stores the floating leaves in bf16 (rounded as ``astype``), keeps the
+    integer leaves, and ``push`` casts fp32 parameters to the stored dtype."""
+    ring = version_ring.init(make_params(0.1), 3, jnp.bfloat16)
+    assert ring.params["w"].dtype == jnp.bfloat16 and ring.params["b"].dtype == jnp.int32
+    value = 1.0 + 2.0 ** -10  # not representable in bf16: rounds to 1.0
+    ring = jax.jit(version_ring.push)(ring, make_params(value))
+    latest = version_ring.get(ring, 0)
+    assert latest["w"].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(latest["w"], np.float32),
+                                  np.asarray(jnp.full((2, 3), value).astype(jnp.bfloat16),
+                                             np.float32))
+    assert float(latest["w"][0, 0]) == 1.0 and int(latest["b"]) == 1

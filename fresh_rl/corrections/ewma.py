@@ -83,10 +83,11 @@ class EWMAReference:
     reset_count: chex.Array
 
 
-def init_ewma_reference(params: Any) -> EWMAReference:
-    """θ_ref = θ_0 (docs/old_logits.md, "Revised PPO-EWMA"), a copy with its own buffers (a
-    state holding θ and θ_ref can be donated to a jitted step without aliasing the two)."""
-    return EWMAReference(params=jax.tree_util.tree_map(jnp.array, params),
+def init_ewma_reference(params: Any, dtype: Optional[Any] = None) -> EWMAReference:
+    """θ_ref = θ_0 (docs/old_logits.md, "Revised PPO-EWMA") stored in ``dtype`` (default: each
+    leaf's own; e.g. bfloat16 halves the copy), a copy with its own buffers (a state holding
+    θ and θ_ref can be donated to a jitted step without aliasing the two)."""
+    return EWMAReference(params=jax.tree_util.tree_map(lambda p: jnp.array(p, dtype), params),
                          reset_count=jnp.zeros((), jnp.int32))
 
 
@@ -97,9 +98,11 @@ def ewma_update(
 
     ``beta`` (optional, may be traced, e.g. derived from a staleness window held in state)
     replaces ``config.beta`` (one of the two must be given); the caller keeps it in [0, 1]. Each leaf is combined in at least
-    float32 and cast back, so bfloat16 leaves keep their dtype without accumulating rounding.
+    float32 and cast back to θ_ref's storage dtype. A bfloat16 θ_ref (of fp32 θ) rounds every mix to 8
+    significant bits: a step (1 − β)(θ − θ_ref) under half a bf16 ulp (2⁻⁹ to 2⁻⁸ of |θ_ref|) is lost, so
+    θ_ref may trail θ by up to about 2⁻⁸ |θ| / (1 − β) per leaf; float32 storage has no such floor.
     """
-    chex.assert_trees_all_equal_shapes_and_dtypes(reference.params, params)
+    chex.assert_trees_all_equal_shapes(reference.params, params)
     if beta is None:
         if config is None:
             raise ValueError("ewma_update needs config or beta")
@@ -124,13 +127,14 @@ def ewma_maybe_reset(
     ``active_fraction`` is ρ_active from :func:`decoupled_ppo_loss` computed with the current
     θ_ref. ``threshold`` (optional, may be traced, e.g. a hyperparameter held in state)
     replaces ``config.reset_active_fraction``; with neither (or ``reset_active_fraction=None``)
-    the reference is returned unchanged.
+    the reference is returned unchanged. θ_ref keeps its storage dtype (θ is cast to it).
     """
     if threshold is None:
         threshold = None if config is None else config.reset_active_fraction
     if threshold is None:
         return reference
-    chex.assert_trees_all_equal_shapes_and_dtypes(reference.params, params)
+    chex.assert_trees_all_equal_shapes(reference.params, params)
     reset = jnp.asarray(active_fraction) < threshold
-    new_params = jax.tree_util.tree_map(lambda ref, p: jnp.where(reset, p, ref), reference.params, params)
+    new_params = jax.tree_util.tree_map(lambda ref, p: jnp.where(reset, p.astype(ref.dtype), ref),
+                                        reference.params, params)
     return EWMAReference(params=new_params, reset_count=reference.reset_count + reset.astype(jnp.int32))

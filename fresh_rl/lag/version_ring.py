@@ -7,6 +7,10 @@ oldest slot; ``get(state, k)`` returns the parameters ``k`` learner updates old,
 π_T, docs/vaco.md). Everything works under ``jit``, ``vmap`` (one ring per seed) and
 ``donate_argnums`` (``push`` only writes one slot).
 
+**Storage dtype.** ``init(params, K, dtype)`` may store the versions in a narrower dtype
+(e.g. bfloat16: half the bytes of fp32); ``push`` casts the new parameters to it and the
+readers get the stored dtype (cast up for an fp32 forward).
+
 **Versions** are int32 counts of learner updates: ``init`` stores version 0, each ``push``
 stores ``v_latest + 1``. Slot of lag ``k``: ``(head − k) mod K``.
 
@@ -22,7 +26,7 @@ is clipped into ``[0, available − 1]`` (the documented safe fallback).
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import chex
 import jax
@@ -55,8 +59,15 @@ class VersionRing:
         return self.versions.shape[-1]
 
 
-def init(params: Any, capacity: int) -> VersionRing:
-    """Ring of ``capacity`` = K slots holding ``params`` as version 0 in slot 0.
+def _stored(x: Any, dtype: Optional[Any]) -> jax.Array:
+    """``x`` as the ring stores it: a floating leaf in ``dtype`` (when given), others as is."""
+    x = jnp.asarray(x)
+    return x.astype(dtype) if dtype is not None and jnp.issubdtype(x.dtype, jnp.floating) else x
+
+
+def init(params: Any, capacity: int, dtype: Optional[Any] = None) -> VersionRing:
+    """Ring of ``capacity`` = K slots holding ``params`` as version 0 in slot 0, floating
+    leaves stored in ``dtype`` (default: each leaf's own; integer leaves keep theirs).
 
     The other slots are filled with copies of ``params`` (so every slot is a valid pytree)
     but tagged version −1 and never returned: lags are clipped to held versions.
@@ -65,7 +76,7 @@ def init(params: Any, capacity: int) -> VersionRing:
         raise ValueError(f"capacity must be an integer in [1, inf), got {capacity!r}")
     capacity = int(capacity)
     stacked = jax.tree.map(
-        lambda x: jnp.broadcast_to(jnp.asarray(x), (capacity, *jnp.shape(x))), params
+        lambda x: jnp.broadcast_to(_stored(x, dtype), (capacity, *jnp.shape(x))), params
     )
     versions = jnp.full((capacity,), -1, jnp.int32).at[0].set(0)
     return VersionRing(
@@ -77,16 +88,16 @@ def init(params: Any, capacity: int) -> VersionRing:
 
 
 def push(state: VersionRing, params: Any) -> VersionRing:
-    """Stores ``params`` as version ``v_latest + 1`` in the oldest slot (evicting it).
+    """Stores ``params`` as version ``v_latest + 1`` in the oldest slot (evicting it), cast to
+    the ring's storage dtype.
 
-    ``params`` must match the structure, shapes and dtypes of the pytree given to ``init``.
+    ``params`` must match the structure and shapes of the pytree given to ``init``.
     """
-    chex.assert_trees_all_equal_shapes_and_dtypes(
-        params, jax.tree.map(lambda x: x[0], state.params)
-    )
+    chex.assert_trees_all_equal_shapes(params, jax.tree.map(lambda x: x[0], state.params))
     head = (state.head + 1) % state.capacity
     version = state.latest_version + 1
-    new_params = jax.tree.map(lambda buf, x: buf.at[head].set(x), state.params, params)
+    new_params = jax.tree.map(lambda buf, x: buf.at[head].set(x.astype(buf.dtype)),
+                              state.params, params)
     return state.replace(
         params=new_params,
         versions=state.versions.at[head].set(version),

@@ -55,6 +55,7 @@ from fresh_rl.sweep.loop import run_loop
 from fresh_rl.validation import require_choice, require_in_range, require_int
 
 LAG_KINDS = ("fixed", "uniform")
+STORED_PARAMS_DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +80,16 @@ class AsyncConfig:
       ewma_reset_threshold: default of ``hparams.ewma_reset_threshold`` ∈ (0, 1): ``ewma``
         resets θ_ref ← θ when the active-token fraction falls below it (0.9, a placeholder;
         arXiv 2605.12070 does not give its value; docs/old_logits.md). ``ewma_no_reset`` ignores it.
+      stored_params_dtype: dtype of the parameter copies the pipeline stores besides the
+        learner's fp32 master copy: the version ring (the sampler's weights and the snapshots)
+        and θ_ref of the EWMA routes. ``"float32"`` (default: the snapshots are the exact
+        training-engine versions π_train^(v), what the r_d study needs) or ``"bfloat16"``:
+        half the bytes per copy (:func:`route_costs`); the ring / θ_ref cast on store, their
+        readers cast up to fp32 for the training forward. The bf16 sampler sees the same
+        weights either way (it rounds to bf16 itself), but a bf16 snapshot's fp32 forward
+        scores bf16-rounded weights, so its "exact" old log-probs move by the weight rounding
+        and r_d keeps only the activation-precision part of the discrepancy; a bf16 θ_ref also
+        drops EWMA steps under half a bf16 ulp (:func:`fresh_rl.corrections.ewma_update`).
     """
 
     staleness_window: int = 1
@@ -89,6 +100,7 @@ class AsyncConfig:
     old_logit_route: str = "snapshot"
     ewma_beta: Optional[float] = None
     ewma_reset_threshold: float = 0.9
+    stored_params_dtype: str = "float32"
 
     def __post_init__(self):
         require_int("AsyncConfig.staleness_window", self.staleness_window, 0)
@@ -101,6 +113,8 @@ class AsyncConfig:
             require_in_range("AsyncConfig.ewma_beta", self.ewma_beta, 0.0, 1.0)
         require_in_range("AsyncConfig.ewma_reset_threshold", self.ewma_reset_threshold, 0.0,
                          1.0, low_inclusive=False, high_inclusive=False)
+        require_choice("AsyncConfig.stored_params_dtype", self.stored_params_dtype,
+                       STORED_PARAMS_DTYPES)
 
     @property
     def ring_size(self) -> int:
@@ -124,7 +138,9 @@ class AsyncConfig:
 class AsyncState:
     """Learner state, the ring of the last W + 1 versions (the inference engine's weights and
     the snapshots), the run's traced hyperparameters (:class:`LLMHyperParams`: window w ≤ W,
-    EWMA β and reset threshold, …) and θ_ref of the EWMA routes (``None`` for the others)."""
+    EWMA β and reset threshold, …) and θ_ref of the EWMA routes (``None`` for the others).
+    The ring and θ_ref are stored in ``AsyncConfig.stored_params_dtype``; the learner's
+    parameters and AdamW state are fp32."""
 
     train: TrainState
     ring: VersionRing
@@ -147,8 +163,10 @@ def init_state(config: RLConfig, async_config: AsyncConfig, params,
     hparams.validate(async_config.staleness_window)
     hparams = owned_copy(hparams)
     train = init_train_state(config, params)
-    ewma = init_ewma_reference(train.params) if async_config.route.uses_ewma else None
-    state = AsyncState(train=train, ring=version_ring.init(train.params, async_config.ring_size),
+    stored = jnp.dtype(async_config.stored_params_dtype)
+    ewma = init_ewma_reference(train.params, stored) if async_config.route.uses_ewma else None
+    state = AsyncState(train=train,
+                       ring=version_ring.init(train.params, async_config.ring_size, stored),
                        hparams=hparams, ewma=ewma)
     leaf = jax.tree_util.tree_leaves(params)[0]
     return jax.device_put(state, getattr(leaf, "sharding", None) or jax.devices()[0])
@@ -392,14 +410,16 @@ def train_loop(config: RLConfig, async_config: AsyncConfig, seeds, num_iteration
 
 def route_costs(async_config: AsyncConfig, params: Any,
                 window: Optional[int] = None) -> dict[str, float]:
-    """Static memory cost of the route at window w (default W): extra parameter copies and
-    their fp32 bytes (:func:`fresh_rl.llm.old_logits.route_param_copies`)."""
+    """Static memory cost of the route at window w (default W): extra parameter copies
+    (:func:`fresh_rl.llm.old_logits.route_param_copies`) and their bytes in the storage dtype
+    ``async_config.stored_params_dtype`` (4 per parameter for fp32, 2 for bf16)."""
     window = async_config.staleness_window if window is None else window
     copies = routes.route_param_copies(async_config.old_logit_route, window)
     return {"extra_param_copies": copies,
-            "extra_param_bytes": copies * routes.param_bytes(params)}
+            "extra_param_bytes": copies * routes.param_bytes(
+                params, async_config.stored_params_dtype)}
 
 
-__all__ = ["AsyncConfig", "AsyncState", "FreshBatch", "LAG_KINDS", "chunk_schedule", "collect",
+__all__ = ["AsyncConfig", "AsyncState", "FreshBatch", "LAG_KINDS", "STORED_PARAMS_DTYPES", "chunk_schedule", "collect",
            "finish", "fresh_metrics", "init_state", "iteration", "make_iteration", "prepare",
            "route_costs", "train_loop", "update_key", "versioned_policy"]

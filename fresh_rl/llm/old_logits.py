@@ -46,7 +46,7 @@ import jax.numpy as jnp
 from fresh_rl.corrections import (EWMAReference, MISConfig, ewma_maybe_reset, fraction,
                                   interpolation_weight, mis_mask)
 from fresh_rl.lag.version_ring import VersionRing
-from fresh_rl.llm.model import Qwen2Config
+from fresh_rl.llm.model import Qwen2Config, cast_params
 from fresh_rl.llm.sampler import token_logprobs_and_entropy
 from fresh_rl.validation import register_entry
 
@@ -54,9 +54,10 @@ PROXIMALS = (None, "linear", "loglinear")
 
 
 def fp32_logprobs(params, model_config: Qwen2Config, tokens, mask, temperature: float):
-    """``[B, T]`` training-engine (fp32) log-probs of ``tokens`` under ``params``."""
-    return token_logprobs_and_entropy(params, model_config, tokens, mask,
-                                      temperature=temperature)[0]
+    """``[B, T]`` training-engine (fp32) log-probs of ``tokens`` under ``params``, cast up to
+    float32 first (a bf16-stored snapshot or θ_ref runs the same fp32 forward)."""
+    return token_logprobs_and_entropy(cast_params(params, jnp.float32), model_config, tokens,
+                                      mask, temperature=temperature)[0]
 
 
 def snapshot_logprobs(ring: VersionRing, tokens, mask, versions, action_mask, *,
@@ -117,9 +118,11 @@ def ewma_logprobs(reference: EWMAReference, params, tokens, mask, behaviour_log_
     return old, new_reference, reset, 1 + reset.astype(jnp.int32)
 
 
-def param_bytes(params: Any) -> int:
-    """Bytes of one float32 (training-precision) copy of ``params``."""
-    return int(sum(leaf.size * 4 for leaf in jax.tree_util.tree_leaves(params)))
+def param_bytes(params: Any, dtype: Optional[Any] = None) -> int:
+    """Bytes of one copy of ``params`` stored in ``dtype`` (default: each leaf's own dtype;
+    4 per entry for the fp32 training parameters, 2 for bfloat16)."""
+    return int(sum(leaf.size * jnp.dtype(dtype or leaf.dtype).itemsize
+                   for leaf in jax.tree_util.tree_leaves(params)))
 
 
 # --------------------------------------------------------------------------- registry
@@ -247,7 +250,9 @@ def route_param_copies(route: str, staleness_window: int) -> int:
 
     snapshot: W + 1 (every version an in-flight or buffered token may carry, the current one
     included, since the learner overwrites it); old_logit_model: 1 (the dedicated replica);
-    ewma / ewma_no_reset: 1 (θ_ref); the others: 0.
+    ewma / ewma_no_reset: 1 (θ_ref); the others: 0. Each copy is held in the pipeline's
+    storage dtype (``AsyncConfig.stored_params_dtype``; bytes:
+    :func:`fresh_rl.llm.async_pipeline.route_costs`).
     """
     return int(get_route(route).param_copies(staleness_window))
 

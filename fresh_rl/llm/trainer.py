@@ -21,8 +21,13 @@ One iteration (all jitted, one compiled function per (config, env, model) triple
      r_d = π_old_train/π_infer and the PPO clip on r_s = π_θ/π_old_train
      (docs/old_logits.md).
 
+   Each step's gradient is that of the whole minibatch, optionally accumulated exactly over
+   ``grad_accumulation_steps`` micro-batches (:func:`minibatch_gradient`) and computed in
+   bf16 with fp32 master parameters (``update_compute_dtype``).
+
 No KL-to-reference and no entropy bonus (both 0 in the ROLL agentic configs the papers use).
-Minibatches split episodes (rows); a fresh permutation per epoch.
+Minibatches split episodes (rows); a fresh permutation per epoch. The jitted iteration
+donates its state (:func:`make_iteration`).
 Determinism: everything derives from the run's seed (:func:`train_loop`, :func:`loop_keys`).
 """
 from __future__ import annotations
@@ -43,7 +48,7 @@ from fresh_rl.corrections import (DecoupledPPOConfig, MISConfig, PPOClipConfig,
 from fresh_rl.corrections.decoupled import decoupled_ppo_loss_sum
 from fresh_rl.corrections.policy_losses import ppo_clip_loss_sum, token_mean_loss
 from fresh_rl.llm import advantages as adv_lib
-from fresh_rl.llm.model import Qwen2Config
+from fresh_rl.llm.model import Qwen2Config, cast_params
 from fresh_rl.llm.rollout import Episodes, model_policy, run_episodes
 from fresh_rl.llm.sampler import LOGPROB_CHUNK_TOKENS, SamplingConfig, token_logprobs_and_entropy
 from fresh_rl.sweep.keys import seed_key, seed_keys, split_run_key
@@ -51,6 +56,7 @@ from fresh_rl.sweep.loop import run_loop
 from fresh_rl.validation import require_choice, require_in_range, require_int
 
 ESTIMATORS = ("grpo", "reinforce_pp")
+COMPUTE_DTYPES = ("float32", "bfloat16")
 LOSSES = ("ppo_clip", "decoupled")
 PROXIMAL_PROXIES = {"linear": linear_proximal_log_probs,
                     "loglinear": loglinear_proximal_log_probs}
@@ -102,6 +108,13 @@ class RLConfig:
         one layer's activations instead of all L, one extra forward; same gradients).
       logprob_chunk_tokens: (row, position) pairs per chunk of the fp32 forward's LM head
         (:func:`fresh_rl.llm.sampler.token_logprobs_and_entropy`; no ``[B, T, V]`` array).
+      update_compute_dtype: ``"float32"`` (default: the update's forward/backward in the
+        training engine's precision) or ``"bfloat16"``: the loss casts the fp32 master
+        parameters to bf16 and runs the forward/backward in bf16 (the log-softmax and the loss
+        in fp32), so the gradients come back fp32 and AdamW's state and the parameters stay
+        fp32 (mixed precision). Halves the activation memory and, on accelerators, roughly
+        doubles matmul throughput, at the price of bf16 rounding in the gradient. The
+        old-log-prob forward (π_old_train, the r_d study's reference) is fp32 either way.
     """
 
     estimator: str = "grpo"
@@ -130,9 +143,12 @@ class RLConfig:
     prompt_pool_seed: int = 0
     remat: bool = False
     logprob_chunk_tokens: int = LOGPROB_CHUNK_TOKENS
+    update_compute_dtype: str = "float32"
 
     def __post_init__(self):
         require_choice("RLConfig.estimator", self.estimator, ESTIMATORS)
+        require_choice("RLConfig.update_compute_dtype", self.update_compute_dtype,
+                       COMPUTE_DTYPES)
         require_choice("RLConfig.loss", self.loss, LOSSES)
         require_choice("RLConfig.reinforce_pp_grouping", self.reinforce_pp_grouping,
                        ("batch", "group"))
@@ -324,12 +340,14 @@ def prepare_batch(params, episodes: Episodes, *, config: RLConfig,
 
 
 def policy_logprobs(params, batch: Batch, *, config: RLConfig, model_config: Qwen2Config):
-    """``(log π_θ, entropy)``, ``[B, T]``, of ``batch`` by the training forward (the loss's
-    gradient flows through the log-probs)."""
-    return token_logprobs_and_entropy(params, model_config, batch.tokens, batch.mask,
-                                      temperature=config.temperature,
+    """``(log π_θ, entropy)``, ``[B, T]`` float32, of ``batch`` by the update's forward in
+    ``config.update_compute_dtype`` (bf16: the parameters are cast here, so the gradient of
+    the loss reaches the fp32 master parameters as fp32)."""
+    dtype = config.update_compute_dtype
+    return token_logprobs_and_entropy(cast_params(params, jnp.dtype(dtype)), model_config,
+                                      batch.tokens, batch.mask, temperature=config.temperature,
                                       chunk_tokens=config.logprob_chunk_tokens,
-                                      remat=config.remat)
+                                      remat=config.remat, dtype=dtype)
 
 
 def loss_terms(logp, entropy, batch: Batch, *, config: RLConfig,
@@ -520,7 +538,7 @@ def train_loop(config: RLConfig, seed, num_iterations: int, *, params, env,
                     checkpoint_every=checkpoint_every, log=log)
 
 
-__all__ = ["Batch", "PROXIMAL_PROXIES", "RLConfig", "TrainState", "batch_metrics",
+__all__ = ["Batch", "COMPUTE_DTYPES", "PROXIMAL_PROXIES", "RLConfig", "TrainState", "batch_metrics",
            "cached_build", "collect", "compute_advantages", "group_prompt_match",
            "group_reset_keys", "init_train_state", "iteration",
            "loop_keys", "loss_terms", "make_iteration", "make_optimizer", "minibatch_gradient",
