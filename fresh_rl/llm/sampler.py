@@ -8,6 +8,10 @@ Sequence layout: prompts are LEFT-padded `[B, P]` with an explicit `prompt_mask`
 sampler writes generated tokens to cache slots P..P+N-1 and RoPE positions
 `prompt_len_b + t`, so `concat(prompt, generation)` with `concat(prompt_mask, gen.mask)` is
 exactly what the training forward consumes (`positions = cumsum(mask) - 1`).
+
+Multi-turn sequences keep a :class:`TurnCache` across calls: :func:`prefill_cache` appends the
+tokens that arrived since the last call, :func:`decode_cache` samples into the following slots
+(the layout of the slots is the caller's: :class:`fresh_rl.llm.rollout.ModelPolicy`).
 """
 from __future__ import annotations
 
@@ -132,7 +136,8 @@ def _row_limits(max_new_per_row, batch, n):
 
 
 def _decode_loop(step_logits, first_logits, key, sampling, row_limit, state):
-    """Shared scan: sample, record, advance; `step_logits(state, token, t, active)`."""
+    """Shared scan: sample, record, advance; `step_logits(state, token, t, active)`.
+    Returns (generation, the final state)."""
     n = sampling.max_new_tokens
     stops = jnp.asarray(sampling.stop_tokens or (-1,), jnp.int32)
 
@@ -151,11 +156,11 @@ def _decode_loop(step_logits, first_logits, key, sampling, row_limit, state):
         return (state, logits, done, key), (token, logp, active)
 
     done0 = row_limit <= 0
-    _, (tokens, logps, mask) = jax.lax.scan(body, (state, first_logits, done0, key),
-                                            jnp.arange(n))
+    (state, _, _, _), (tokens, logps, mask) = jax.lax.scan(
+        body, (state, first_logits, done0, key), jnp.arange(n))
     tokens, logps, mask = tokens.T, logps.T, mask.T
     return Generation(tokens=tokens, logprobs=logps.astype(jnp.float32), mask=mask,
-                      lengths=mask.sum(axis=1).astype(jnp.int32))
+                      lengths=mask.sum(axis=1).astype(jnp.int32)), state
 
 
 def _inference_model(params, model_config, sampling):
@@ -164,27 +169,92 @@ def _inference_model(params, model_config, sampling):
     return Qwen2LM(model_config, dtype=dtype), {"params": cast_params(params, dtype)}
 
 
+@flax.struct.dataclass
+class TurnCache:
+    """A KV cache that a sequence keeps across calls (multi-turn rollouts).
+
+    ``kv_valid [B, S]`` marks the slots that hold tokens of the sequence (holes and pads are
+    masked), ``next_position [B]`` = the number of valid slots = the RoPE position of the
+    row's next token. Attention sees only valid slots at or before a query's slot, so a
+    sequence spread over the slots with holes is the same sequence as its compact form.
+    """
+
+    cache: KVCache
+    kv_valid: jax.Array
+    next_position: jax.Array
+
+    @classmethod
+    def empty(cls, model_config: Qwen2Config, batch: int, num_slots: int, dtype: str):
+        return cls(cache=KVCache.zeros(model_config, batch, num_slots, jnp.dtype(dtype)),
+                   kv_valid=jnp.zeros((batch, num_slots), bool),
+                   next_position=jnp.zeros(batch, jnp.int32))
+
+
+def _prefill(model, variables, turn_cache: TurnCache, tokens, mask, slot):
+    """Writes the left-padded block ``tokens [B, N]`` (``mask``) at slots ``slot..slot+N-1``
+    with positions ``next_position + cumsum(mask) - 1``; returns (logits of the block's last
+    slot ``[B, V]``, the cache)."""
+    kv_valid = jax.lax.dynamic_update_slice(turn_cache.kv_valid, mask.astype(bool), (0, slot))
+    positions = turn_cache.next_position[:, None] + positions_from_mask(mask)
+    logits, cache = model.apply(variables, tokens, positions, kv_valid, turn_cache.cache, slot,
+                                logits_for="last")
+    count = mask.astype(jnp.int32).sum(axis=1)
+    return logits[:, -1], TurnCache(cache, kv_valid, turn_cache.next_position + count)
+
+
+def _decode_into(model, variables, sampling, turn_cache: TurnCache, first_logits, slot, key,
+                 row_limit):
+    """Decodes ``sampling.max_new_tokens`` steps into slots ``slot, slot+1, …`` (token t at
+    position ``next_position + t``; a row's slots after its stop are masked); returns
+    (generation, the cache holding the generated tokens)."""
+    start = turn_cache.next_position
+
+    def step(state, token, t, active):
+        cache, kv_valid = state
+        kv_valid = jax.lax.dynamic_update_slice(kv_valid, active[:, None], (0, slot + t))
+        logits, cache = model.apply(variables, token[:, None], (start + t)[:, None], kv_valid,
+                                    cache, slot + t)
+        return (cache, kv_valid), logits[:, 0]
+
+    gen, (cache, kv_valid) = _decode_loop(step, first_logits, key, sampling, row_limit,
+                                          (turn_cache.cache, turn_cache.kv_valid))
+    return gen, TurnCache(cache, kv_valid, start + gen.lengths)
+
+
 @functools.partial(jax.jit, static_argnames=("model_config", "sampling"))
 def _generate_cached(params, model_config, sampling, prompt_tokens, prompt_mask, key,
                      max_new_per_row):
     model, variables = _inference_model(params, model_config, sampling)
     b, p = prompt_tokens.shape
-    n = sampling.max_new_tokens
-    cache = KVCache.zeros(model_config, b, p + n, jnp.dtype(sampling.dtype))
-    kv_valid = jnp.concatenate([prompt_mask.astype(bool), jnp.zeros((b, n), bool)], axis=1)
-    logits, cache = model.apply(variables, prompt_tokens, positions_from_mask(prompt_mask),
-                                kv_valid, cache, 0, logits_for="last")
-    prompt_len = prompt_mask.astype(jnp.int32).sum(axis=1)
+    empty = TurnCache.empty(model_config, b, p + sampling.max_new_tokens, sampling.dtype)
+    logits, turn_cache = _prefill(model, variables, empty, prompt_tokens, prompt_mask, 0)
+    gen, _ = _decode_into(model, variables, sampling, turn_cache, logits, p, key,
+                          _row_limits(max_new_per_row, b, sampling.max_new_tokens))
+    return gen
 
-    def step(state, token, t, active):
-        cache, kv_valid = state
-        kv_valid = jax.lax.dynamic_update_slice(kv_valid, active[:, None], (0, p + t))
-        logits, cache = model.apply(variables, token[:, None], (prompt_len + t)[:, None],
-                                    kv_valid, cache, p + t)
-        return (cache, kv_valid), logits[:, 0]
 
-    return _decode_loop(step, logits[:, -1], key, sampling,
-                        _row_limits(max_new_per_row, b, n), (cache, kv_valid))
+@functools.partial(jax.jit, static_argnames=("model_config", "sampling"))
+def prefill_cache(params, model_config: Qwen2Config, sampling: SamplingConfig,
+                  turn_cache: TurnCache, tokens, mask, slot):
+    """Appends the left-padded block ``tokens [B, N]`` (``mask``) to the cached sequences
+    at slots ``slot..slot+N-1``; returns (next-token logits ``[B, V]`` after each row's last
+    token — of the block's last slot, so a row with no new token gets meaningless logits —,
+    the cache). The caller owns the slot layout: blocks in attention order, no overlap."""
+    model, variables = _inference_model(params, model_config, sampling)
+    return _prefill(model, variables, turn_cache, tokens, mask, slot)
+
+
+@functools.partial(jax.jit, static_argnames=("model_config", "sampling"))
+def decode_cache(params, model_config: Qwen2Config, sampling: SamplingConfig,
+                 turn_cache: TurnCache, logits, slot, key, max_new_per_row=None):
+    """Samples ``sampling.max_new_tokens`` steps from ``logits [B, V]`` into slots
+    ``slot..slot+max_new_tokens-1`` (after every slot in use); returns (Generation, cache).
+    :func:`prefill_cache` then this on an empty cache is :func:`generate`; on valid slots
+    equal to a fresh prompt it equals :func:`generate` on that prompt up to the summation
+    order of the softmax over a differently sized masked cache (fp32: ~1e-7)."""
+    model, variables = _inference_model(params, model_config, sampling)
+    return _decode_into(model, variables, sampling, turn_cache, logits, slot, key,
+                        _row_limits(max_new_per_row, logits.shape[0], sampling.max_new_tokens))
 
 
 @functools.partial(jax.jit, static_argnames=("model_config", "sampling"))
@@ -209,7 +279,7 @@ def _generate_uncached(params, model_config, sampling, prompt_tokens, prompt_mas
         return (buffer, valid), full_forward_logits(buffer, valid, p + t)
 
     return _decode_loop(step, full_forward_logits(buffer, valid, p - 1), key, sampling,
-                        _row_limits(max_new_per_row, b, n), (buffer, valid))
+                        _row_limits(max_new_per_row, b, n), (buffer, valid))[0]
 
 
 def generate(params, model_config: Qwen2Config, sampling: SamplingConfig, prompt_tokens,
