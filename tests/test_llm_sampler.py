@@ -150,3 +150,34 @@ def test_chunked_head_equals_one_piece_in_value_and_gradient(chunk_tokens):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="chunk_tokens must be an integer >= 1"):
         token_logprobs_and_entropy(PARAMS, CONFIG, tokens, mask, chunk_tokens=0)
+
+
+def test_cache_with_holes_equals_fresh_prompt():
+    """A prompt prefilled in two blocks with masked holes (TurnCache, prefill_cache twice),
+    then decoded after a gap, gives generate()'s fp32 greedy tokens and log-probs."""
+    from fresh_rl.llm.sampler import TurnCache, decode_cache, prefill_cache
+    sampling = SamplingConfig(max_new_tokens=N, temperature=0.0, dtype="float32")
+    fresh = generate(PARAMS, CONFIG, sampling, PROMPT, PROMPT_MASK, jax.random.PRNGKey(2))
+    lengths = PROMPT_MASK.sum(axis=1)
+    cut = lengths // 2  # row b: first cut_b valid tokens in block 1, the rest in block 2
+    valid = PROMPT[:, ::-1]  # valid tokens read right to left: index 0 = last token
+    width = P + 2  # each block wider than its tokens: holes before them
+
+    def block(start, stop):
+        count = stop - start
+        columns = jnp.arange(width)[None]
+        index = jnp.clip(lengths[:, None] - 1 - (stop[:, None] - width + columns), 0, P - 1)
+        mask = columns >= (width - count)[:, None]
+        return jnp.where(mask, jnp.take_along_axis(valid, index, axis=1), 0), mask
+
+    cache = TurnCache.empty(CONFIG, B, 2 * width + 3 + N, sampling.dtype)
+    _, cache = prefill_cache(PARAMS, CONFIG, sampling, cache, *block(jnp.zeros_like(cut), cut),
+                             0)
+    logits, cache = prefill_cache(PARAMS, CONFIG, sampling, cache, *block(cut, lengths),
+                                  width + 3)
+    gen, cache = decode_cache(PARAMS, CONFIG, sampling, cache, logits, 2 * width + 3,
+                              jax.random.PRNGKey(2))
+    np.testing.assert_array_equal(gen.tokens, fresh.tokens)
+    np.testing.assert_allclose(gen.logprobs, fresh.logprobs, atol=1e-5)
+    np.testing.assert_array_equal(cache.next_position, lengths + gen.lengths)
+    assert int(cache.kv_valid.sum()) == int(lengths.sum() + gen.lengths.sum())
