@@ -3,27 +3,33 @@ floored items' sampled frequencies against their exact probabilities."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
 from fresh_rl.replay import ReplayConfig, make_trajectory_buffer, slot_set
+from fresh_rl.replay import buffer as replay_buffer
 
 CAPACITY, BATCH = 24, 6
 
 
-def _check(s: slot_set.SlotSet, model: set) -> None:
+def _check_members(s: slot_set.SlotSet, model: set, capacity: int) -> None:
     size = int(s.size)
     members = np.asarray(s.members)[:size]
     assert size == len(model) and set(members.tolist()) == model
     position = np.asarray(s.position)
-    for slot in range(CAPACITY):
+    for slot in range(capacity):
         if slot in model:
             assert members[position[slot]] == slot
         else:
-            assert position[slot] == CAPACITY
-    np.testing.assert_array_equal(np.asarray(slot_set.contains(s, jnp.arange(CAPACITY))),
-                                  [slot in model for slot in range(CAPACITY)])
+            assert position[slot] == capacity
+    np.testing.assert_array_equal(np.asarray(slot_set.contains(s, jnp.arange(capacity))),
+                                  [slot in model for slot in range(capacity)])
+
+
+def _check(s: slot_set.SlotSet, model: set) -> None:
+    _check_members(s, model, CAPACITY)
 
 
 _insert = jax.jit(slot_set.insert)
@@ -88,3 +94,46 @@ def test_floored_items_are_sampled_at_their_exact_probability():
                          minlength=capacity)
     chi2 = stats.chisquare(counts, expected * counts.sum())
     assert chi2.pvalue > 1e-3, chi2
+
+
+@pytest.mark.parametrize("moves", [4, 10_000])
+def test_a_large_crossing_floors_every_item_by_moves_or_by_one_rebuild(monkeypatch, moves):
+    """900 items cross the floor in one add: moved one by one (cap 10^4) or 4 moves then one
+    O(N) rebuild; both leave exactly the items below the floor floored, at the eager P(i)."""
+    monkeypatch.setattr(replay_buffer, "FLOOR_MOVES_BEFORE_REBUILD", moves)
+    capacity, tau, floor, alpha = 1024, 10.0, 1e-4, 0.6
+    buffer = make_trajectory_buffer(ReplayConfig(
+        capacity=capacity, sample_batch_size=8, sampling="freshper", priority_exponent=alpha,
+        age_decay_tau=tau, new_item_priority="given", min_decayed_priority=floor))
+    rng = np.random.default_rng(moves)
+    priorities = rng.uniform(0.5, 2.0, capacity).astype(np.float32)
+    versions = np.where(np.arange(capacity) < 900, 0, 200).astype(np.int32)  # e^−20 < f
+    state = buffer.init({"x": jnp.zeros(())})
+    add = jax.jit(buffer.add)
+    state = add(state, {"x": jnp.zeros((900,))}, jnp.asarray(versions[:900]),
+                jnp.asarray(priorities[:900]))
+    assert int(state.floored.size) == 0
+    state = add(state, {"x": jnp.zeros((124,))}, jnp.asarray(versions[900:]),
+                jnp.asarray(priorities[900:]))
+    _check_members(state.floored, set(range(900)), capacity)
+    decayed = priorities * np.exp(-(200 - versions) / tau)
+    expected = np.maximum(decayed, floor) ** alpha
+    np.testing.assert_allclose(np.asarray(buffer.sampling_probabilities(state)),
+                               expected / expected.sum(), rtol=1e-4)
+
+
+@pytest.mark.parametrize("sampling, floor", [("freshper", 1e-8), ("freshper", 0.0),
+                                             ("uniform", 1e-8)])
+def test_replay_state_checkpoints_and_restores(tmp_path, sampling, floor):
+    """Every configuration's state saves and restores through the run checkpointer (orbax
+    cannot save zero-size arrays: the floor-less buffer's set has one unused slot)."""
+    from fresh_rl.sweep import RunCheckpointer
+
+    buffer = make_trajectory_buffer(ReplayConfig(capacity=16, sample_batch_size=4,
+                                                 sampling=sampling, min_decayed_priority=floor))
+    state = buffer.add(buffer.init({"x": jnp.zeros(())}), {"x": jnp.arange(5.0)}, 3)
+    checkpointer = RunCheckpointer(tmp_path, "replay")
+    checkpointer.save(1, state)
+    step, restored = checkpointer.restore_latest(jax.tree.map(np.zeros_like, state))
+    assert step == 1
+    jax.tree.map(np.testing.assert_array_equal, restored, state)

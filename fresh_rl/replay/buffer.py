@@ -47,7 +47,8 @@ write and every descent moves). The normaliser's log-min is ``log F(t)`` when an
 floored. F(t) only grows with t while a stored key never changes until it is rewritten,
 so an item crosses the threshold at most once per write: after every ``add`` the items whose key
 fell below F(t) are moved to the floored set one by one, each found by a min-tree descent
-(amortised O(log N) per crossing, no O(N) scan); ``set_priorities`` and rebases classify the
+(O(log N) per crossing, no O(N) scan; past ``FLOOR_MOVES_BEFORE_REBUILD`` crossings in one add,
+one O(N) rebuild moves the rest); ``set_priorities`` and rebases classify the
 items they write directly. (Clamping only at rebase time would be O(N) and inexact between
 rebases; rewriting every leaf each step, as the authors' code does, is O(N) per step.) Zero base
 priority still means "never sampled" (our choice: the floor applies to positive priorities).
@@ -191,7 +192,7 @@ class ReplayState:
         log u_i (+inf for empty, zero-priority and floored slots), the normaliser of the
         importance weights.
       floored: the slots floored at ``min_decayed_priority`` (their tree leaves hold 0 and
-        +inf; an empty capacity-0 set without a floor).
+        +inf; an unused 1-slot set without a floor).
       num_rejected_writes: invalid priority writes (and traced τ) skipped by the jit fallback.
       decay_rate: float32 α/τ of the stored keys (``config.decay_rate`` at init; changed only
         by ``set_age_decay_tau``, which rebuilds the keys).
@@ -295,27 +296,38 @@ def _tree_leaves_from_log_keys(config: ReplayConfig, log_keys, valid, floored=No
     return jnp.stack([sum_leaves, min_leaves], axis=-1)
 
 
+# Items moved below the floor one by one per add before one O(N) rebuild moves the rest: a
+# move is a sequential O(K log_K N) descent and write, so a large crossing (a jump of the
+# version clock) is cheaper rebuilt whole. Our choice; changes speed (and the order of the
+# floored set, so which floored item a given key draws), never a probability.
+FLOOR_MOVES_BEFORE_REBUILD = 256
+
+
 def _apply_floor(config: ReplayConfig, state: ReplayState) -> ReplayState:
-    """Moves every item whose key fell below F(latest_version) into the floored set, one min-tree
-    descent and one leaf write each (amortised O(log N) per crossing)."""
+    """Moves every item whose key fell below F(latest_version) into the floored set: one
+    min-tree descent and one leaf write each (O(log N) per crossing), and if more than
+    :data:`FLOOR_MOVES_BEFORE_REBUILD` items crossed, one O(N) rebuild for the rest."""
     if not config.floored:
         return state
     log_floor = _log_floor(config, state)
     floored_leaf = jnp.asarray([[0.0, jnp.inf]], jnp.float32)
     one = jnp.ones((1,), bool)
 
-    def below(carry):
-        tree, _ = carry
+    def below(tree):
         return tree.columns[1][0] < log_floor
 
     def move(carry):
-        tree, floored = carry
+        tree, floored, moves = carry
         index = segment_tree.argmin(tree, 1)[None]
         return (segment_tree.write(tree, index, floored_leaf, indices_are_unique=True),
-                slot_set.insert(floored, index, one))
+                slot_set.insert(floored, index, one), moves + 1)
 
-    tree, floored = jax.lax.while_loop(below, move, (state.priority_tree, state.floored))
-    return state.replace(priority_tree=tree, floored=floored)
+    tree, floored, _ = jax.lax.while_loop(
+        lambda carry: below(carry[0]) & (carry[2] < FLOOR_MOVES_BEFORE_REBUILD), move,
+        (state.priority_tree, state.floored, jnp.zeros((), jnp.int32)))
+    state = state.replace(priority_tree=tree, floored=floored)
+    return jax.lax.cond(below(tree), lambda s: _rebase(config, s, s.reference_version),
+                        lambda s: s, state)
 
 
 # --------------------------------------------------------------------------------------------
@@ -341,7 +353,9 @@ def _init(config: ReplayConfig, example_trajectory: Any) -> ReplayState:
         reference_version=jnp.zeros((), jnp.int32),
         priority_tree=segment_tree.init(tree_capacity, _tree_columns(config),
                                         config.tree_fanout),
-        floored=slot_set.init(capacity if config.floored else 0),
+        # Without a floor a 1-slot placeholder, as the uniform buffer's 1-leaf tree: array
+        # checkpointers cannot save zero-size arrays.
+        floored=slot_set.init(capacity if config.floored else 1),
         num_rejected_writes=jnp.zeros((), jnp.int32),
         decay_rate=jnp.asarray(config.decay_rate, jnp.float32),
     )
