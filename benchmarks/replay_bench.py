@@ -63,7 +63,9 @@ def batch_of(n, value):
 
 
 def ours(capacity, batch, sampling, normalization="buffer",
-         fanout=segment_tree.DEFAULT_FANOUT, min_decayed_priority=1e-8):
+         fanout=segment_tree.DEFAULT_FANOUT, min_decayed_priority=1e-8, floored_fraction=0.0):
+    """``floored_fraction`` > 0: that share of the items is inserted 20τ versions before the
+    rest, so their decayed priority e^−20 ≈ 2e-9 is below the default floor 1e-8."""
     buffer = make_trajectory_buffer(ReplayConfig(
         capacity=capacity, sample_batch_size=batch, sampling=sampling,
         priority_exponent=ALPHA, age_decay_tau=TAU,
@@ -74,8 +76,10 @@ def ours(capacity, batch, sampling, normalization="buffer",
         state = buffer.init(item())
         chunk = min(capacity, 4096)
         add = jax.jit(buffer.add, donate_argnums=0)
-        for i in range(capacity // chunk):
-            state = add(state, batch_of(chunk, i), version, None)
+        chunks = capacity // chunk
+        for i in range(chunks):
+            old = i < round(floored_fraction * chunks)
+            state = add(state, batch_of(chunk, i), version + (0 if old else int(20 * TAU)), None)
         return state
 
     return dict(
@@ -230,8 +234,8 @@ def main():
         "flashbax_per": lambda c, b: flashbax(c, b),
         "ours_per": lambda c, b: ours(c, b, "per"),
         "ours_freshper": lambda c, b: ours(c, b, "freshper"),
-        # one tree column: batch-normalised weights and no floor (a floor keeps the min and
-        # count columns whatever the normalisation)
+        # one tree column: batch-normalised weights and no floor (a floor keeps the min
+        # column, its trigger, whatever the normalisation)
         "ours_freshper_sum_only": lambda c, b: ours(c, b, "freshper", "batch",
                                                     min_decayed_priority=0.0),
         "freshper_eager_refresh": eager_refresh,
@@ -306,9 +310,10 @@ def write_tables(records, sweep, args, wall, uptime_start, uptime_end):
         "Microseconds per call, median of steady-state repeats; `scan` = inside one jitted "
         "`lax.scan` with donated state, `loop` = Python loop of single jitted calls. "
         "Speed-up = flashbax time / our time (> 1: we are faster). `ours PER` and `ours "
-        "FreshPER` (the defaults) keep three tree columns: the sum, the min of log-keys (the "
-        "buffer-wide normaliser of the importance weights and the floor's trigger) and the count "
-        "of floored items, work flashbax does not do; `sum only` is FreshPER with "
+        "FreshPER` (the defaults) keep two tree columns: the sum and the min of log-keys (the "
+        "buffer-wide normaliser of the importance weights and the floor's trigger), work "
+        "flashbax does not do, and a set of the floored items (`fresh_rl.replay.slot_set`); "
+        "a sample's descent reads the sum column only; `sum only` is FreshPER with "
         "batch-normalised weights and no floor (`min_decayed_priority=0`), one column, the same "
         "tree work as flashbax. Compile = seconds to "
         "compile the scanned program (flashbax / ours FreshPER).",

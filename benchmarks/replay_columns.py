@@ -1,12 +1,14 @@
-"""Profile: what the replay step costs per priority-tree column.
+"""Profile: what the replay step costs per priority-tree column, and with floored items.
 
-The default FreshPER tree has three columns (sum; min of log-keys, the buffer-wide importance
-normaliser and the floor's trigger; count of floored items). This script times ``sample``,
-``set_priorities`` and their training step inside a jitted scan for the default (3 columns),
-the floor off (``min_decayed_priority=0``: sum and min, 2 columns) and the floor off with
-batch-normalised weights (sum only, 1 column), beside flashbax, with the timing loop of
-``benchmarks/replay_bench.py`` (implementations of a cell take turns in every repeat).
-Writes ``results/bench/replay_columns.{csv,md}``:
+The default FreshPER tree has two columns (sum; min of log-keys, the buffer-wide importance
+normaliser and the floor's trigger) plus the set of floored items (``fresh_rl.replay.slot_set``);
+a sample's descent reads the sum column only. This script times ``sample``, ``set_priorities``
+and their training step inside a jitted scan for the default with no item floored, the default
+with half the buffer floored (inserted 20τ before the rest), the floor off
+(``min_decayed_priority=0``: sum and min, no set) and the floor off with batch-normalised
+weights (sum only, 1 column), beside flashbax, with the timing loop of
+``benchmarks/replay_bench.py`` (implementations of a cell take turns in every repeat). Writes
+``results/bench/replay_columns.{csv,md}``:
 
     taskset -c 1 python benchmarks/replay_columns.py
 """
@@ -22,7 +24,8 @@ from fresh_rl.provenance import command_line, git_commit, machine_description, w
 
 VARIANTS = {
     "flashbax_per": lambda c, b: flashbax(c, b),
-    "3 columns (default)": lambda c, b: ours(c, b, "freshper"),
+    "default (2 columns + floored set)": lambda c, b: ours(c, b, "freshper"),
+    "default, half floored": lambda c, b: ours(c, b, "freshper", floored_fraction=0.5),
     "2 columns (no floor)": lambda c, b: ours(c, b, "freshper", "buffer",
                                               min_decayed_priority=0.0),
     "1 column (no floor, batch weights)": lambda c, b: ours(c, b, "freshper", "batch",
