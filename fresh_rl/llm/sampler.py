@@ -251,7 +251,8 @@ def decode_cache(params, model_config: Qwen2Config, sampling: SamplingConfig,
     ``slot..slot+max_new_tokens-1`` (after every slot in use); returns (Generation, cache).
     :func:`prefill_cache` then this on an empty cache is :func:`generate`; on valid slots
     equal to a fresh prompt it equals :func:`generate` on that prompt up to the summation
-    order of the softmax over a differently sized masked cache (fp32: ~1e-7)."""
+    order of the softmax over a differently sized masked cache (fp32 log-probs: < 1e-6
+    apart in tests/test_llm_multiturn_cache.py)."""
     model, variables = _inference_model(params, model_config, sampling)
     return _decode_into(model, variables, sampling, turn_cache, logits, slot, key,
                         _row_limits(max_new_per_row, logits.shape[0], sampling.max_new_tokens))
