@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fresh_rl.lag import version_ring
+from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm.checkpoint import load_hf_checkpoint, load_hf_model
 from fresh_rl.llm.model import preset
 from fresh_rl.llm.rollout import model_policy, run_episodes
@@ -22,6 +24,7 @@ from fresh_rl.llm.tasks import (ArithmeticTask, FrozenLakeTask, Gsm8kTask, Searc
 from fresh_rl.llm.tasks.vocab import (CHAR_VOCAB, UNKNOWN_CHAR, TaskVocab, chat_framing,
                                       check_model_vocab, render_chat_template, with_vocab)
 from fresh_rl.llm.tokenizer import CHAR_TOKENIZER
+from fresh_rl.llm.trainer import RLConfig
 from fresh_rl.llm.warm_start import WarmStartConfig, evaluate, warm_start
 
 STANDIN = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_bpe_tiny")
@@ -143,6 +146,13 @@ def test_mismatches_raise_naming_both():
         check_model_vocab(ARITH, config)
     with pytest.raises(ValueError, match=message):
         evaluate(params, config, ARITH, jax.random.PRNGKey(0), episodes=2)
+    # The asynchronous (and replay) trainers collect through async_pipeline.collect.
+    async_config = ap.AsyncConfig(staleness_window=1)
+    rl_config = RLConfig(num_groups=1, group_size=2)
+    with pytest.raises(ValueError, match=message):
+        ap.collect(version_ring.init(params, 2), jnp.zeros((2,), jnp.int32),
+                   jax.random.PRNGKey(0), config=rl_config, async_config=async_config, env=ARITH,
+                   model_config=config)
     with pytest.raises(ValueError, match="vocab_size 704.*model has vocab_size 128"):
         warm_start(preset("tiny"), {"a": ARITH.replace(vocab=BPE)}, WarmStartConfig(steps=2,
                    warmup_steps=0), jax.random.PRNGKey(0))

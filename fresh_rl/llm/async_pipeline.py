@@ -47,6 +47,7 @@ from fresh_rl.llm import old_logits as routes
 from fresh_rl.llm.hparams import LLMHyperParams
 from fresh_rl.llm.model import Qwen2Config
 from fresh_rl.llm.rollout import Episodes, right_to_left_padded, run_episodes, write_span
+from fresh_rl.llm.tasks.vocab import check_model_vocab
 from fresh_rl.llm.sampler import generate, join_prompt_and_generation
 from fresh_rl.llm.trainer import (Batch, RLConfig, TrainState, batch_metrics, cached_build,
                                   group_reset_keys, init_train_state, loop_keys, owned_copy,
@@ -251,7 +252,10 @@ def versioned_policy(ring: VersionRing, start_lag, *, config: RLConfig,
 def collect(ring: VersionRing, start_lag, key, *, config: RLConfig, async_config: AsyncConfig,
             env, model_config: Qwen2Config) -> Episodes:
     """Grouped episodes from the stale / mixed versions of ``ring`` (keys as
-    :func:`fresh_rl.llm.trainer.collect`, so W = 0 samples the same episodes)."""
+    :func:`fresh_rl.llm.trainer.collect`, so W = 0 samples the same episodes). Raises
+    ``ValueError`` unless the model speaks ``env``'s task vocabulary (the replay trainer
+    collects through here too)."""
+    check_model_vocab(env, model_config)
     reset_keys = group_reset_keys(jax.random.fold_in(key, 1), config)
     policy = versioned_policy(
         ring, start_lag, config=config, async_config=async_config, env=env,
