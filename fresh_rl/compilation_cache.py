@@ -17,9 +17,11 @@ Programs are kept in a subfolder per host CPU, ``<folder>/host-<fingerprint>``
 JAX's cache key holds the code, shapes, JAX version and device kind but not the host CPU's
 features, and a CPU program is compiled for the features of the machine that built it; a cache
 folder shared by machines with different CPUs (a home directory mounted on several hosts, a
-copied cache) would otherwise load programs built for instructions this CPU may lack (XLA warns
-"... not supported on host ... SIGILL") or tuned for another CPU, which changes floating-point
-results in the last digits.
+copied cache) would otherwise load programs built for instructions this CPU may lack or tuned
+for another CPU. (XLA:CPU's load-time warning "Target machine feature +prefer-no-gather is not
+supported on the host machine" also appears for programs compiled on this very host: tuning
+flags are missing from the host's detected feature list. It is not evidence of a foreign
+program.)
 
 :class:`CompileMeter` sums the seconds JAX spends tracing, lowering and compiling (or loading
 from the cache) in this process, from ``jax.monitoring`` events, so a script can report its
