@@ -26,7 +26,7 @@ from typing import Optional
 
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm import replay_trainer as rt
-from fresh_rl.llm.model import Qwen2Config, preset
+from fresh_rl.llm.model import preset
 from fresh_rl.llm.old_logits import BUILTIN_ROUTES
 from fresh_rl.llm.tasks import ArithmeticTask, FrozenLakeTask, SearchQATask, SokobanTask
 from fresh_rl.llm.tasks.vocab import with_vocab
