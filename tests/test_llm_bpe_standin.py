@@ -3,11 +3,7 @@ tests/fixtures/make_bpe_standin.py with transformers): loading, tokenizer, logit
 import json
 import os
 
-import jax.numpy as jnp
-import numpy as np
-
 from fresh_rl.llm.checkpoint import load_hf_checkpoint
-from fresh_rl.llm.model import Qwen2LM
 from fresh_rl.llm.tokenizer import HFTokenizer
 
 STANDIN = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_bpe_tiny")
@@ -22,17 +18,11 @@ def test_standin_is_a_small_standard_folder():
     assert sum(os.path.getsize(os.path.join(STANDIN, n)) for n in names) < 1 << 20
 
 
-def test_standin_logits_match_transformers_reference():
+def test_standin_loads_as_a_tied_qwen2_with_a_padded_vocabulary():
+    """Its logits against transformers: tests/test_llm_model.py (both fixtures)."""
     config, params = load_hf_checkpoint(STANDIN)
     assert config.tie_word_embeddings and config.vocab_size == 704
-    ref = np.load(os.path.join(STANDIN, "reference.npz"))
-    logits, _ = Qwen2LM(config).apply({"params": params}, jnp.asarray(ref["input_ids"]),
-                                      jnp.asarray(ref["position_ids"]),
-                                      jnp.asarray(ref["attention_mask"]))
-    valid = ref["attention_mask"].astype(bool)
-    err = np.abs(np.asarray(logits) - ref["logits"])[valid]
-    assert np.abs(ref["logits"]).max() > 1.0
-    assert err.max() < 1e-4, err.max()
+    assert params["embed_tokens"]["embedding"].shape == (704, config.hidden_size)
 
 
 def test_standin_tokenizer_matches_transformers_and_roundtrips():

@@ -12,12 +12,16 @@ from fresh_rl.llm.checkpoint import (config_from_hf, load_hf_checkpoint, params_
 from fresh_rl.llm.model import PRESETS, Qwen2Config, Qwen2LM, init_params, preset
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_tiny")
+STANDIN = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_bpe_tiny")
 
 
-def test_logits_match_transformers_reference():
-    """Fixture made by tests/fixtures/make_qwen2_reference.py with transformers + torch."""
-    config, params = load_hf_checkpoint(FIXTURE)
-    ref = np.load(os.path.join(FIXTURE, "reference.npz"))
+@pytest.mark.parametrize("folder", [FIXTURE, STANDIN], ids=["qwen2_tiny", "qwen2_bpe_tiny"])
+def test_logits_match_transformers_reference(folder):
+    """Fixtures made with transformers + torch: tests/fixtures/make_qwen2_reference.py (random
+    ids, untied head) and make_bpe_standin.py (the BPE stand-in, tied embeddings, its own
+    tokenizer's encodings)."""
+    config, params = load_hf_checkpoint(folder)
+    ref = np.load(os.path.join(folder, "reference.npz"))
     logits, _ = Qwen2LM(config).apply({"params": params}, jnp.asarray(ref["input_ids"]),
                                       jnp.asarray(ref["position_ids"]),
                                       jnp.asarray(ref["attention_mask"]))
