@@ -63,6 +63,7 @@ class Gsm8kTask(SpeaksVocab):
     vocab: TaskVocab = flax.struct.field(pytree_node=False, default=CHAR_VOCAB, repr=False)
 
     max_turns = 1
+    data_in_vocab = True  # the bank is encoded when built (with_vocab refuses to relabel it)
 
     @property
     def transcript_len(self) -> int:

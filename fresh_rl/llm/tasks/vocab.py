@@ -251,7 +251,12 @@ CHAR_VOCAB = TaskVocab(source="char", vocab_size=CHAR_TOKENIZER.vocab_size,
 
 
 class SpeaksVocab:
-    """Mixin of the tasks: the ids the sampler and the rollout need, from ``self.vocab``."""
+    """Mixin of the tasks: the ids the sampler and the rollout need, from ``self.vocab``.
+
+    ``data_in_vocab``: the task holds array data already encoded in its vocabulary (e.g. the
+    GSM8K problem bank), so :func:`with_vocab` cannot relabel it."""
+
+    data_in_vocab = False
 
     @property
     def stop_tokens(self) -> tuple[int, ...]:
@@ -267,11 +272,10 @@ class SpeaksVocab:
 
 
 def with_vocab(env, vocab: TaskVocab):
-    """``env`` speaking ``vocab`` (a task of the same settings). A GSM8K bank is encoded
-    when it is built: rebuild it with ``Gsm8kTask.from_records(..., vocab=vocab)``."""
-    from fresh_rl.llm.tasks.gsm8k import Gsm8kTask  # (it imports this module)
-
-    if isinstance(env, Gsm8kTask) and env.vocab != vocab:
+    """``env`` speaking ``vocab`` (a task of the same settings). A task whose data is encoded
+    in its vocabulary (``data_in_vocab``, e.g. a GSM8K bank) must be rebuilt instead
+    (``Gsm8kTask.from_records(..., vocab=vocab)``)."""
+    if getattr(env, "data_in_vocab", False) and env.vocab != vocab:
         raise ValueError(f"{type(env).__name__}'s problem bank is encoded in the vocabulary "
                          f"{env.vocab.source!r}: rebuild it with from_records(..., vocab=) for "
                          f"{vocab.source!r}")
