@@ -144,10 +144,12 @@ OLD_LOGITS_SCALES = {
         env=ArithmeticTask(digits=1, steps=2), windows=(1, 2, 4, 8),
         grid_routes=("recompute_current", "snapshot", "linear_proxy", "ewma", "ewma_no_reset"),
         seeds=3, iterations=12, overhead_window=4, overhead_iterations=4),
+    # remat at the paper scales: without it the 0.5B update of one 128-row minibatch needs
+    # 80.6 GB of compiled memory, with it 11.3 GB (results/bench/llm_scale.md).
     "paper": OldLogitsScale(
         model="qwen2.5-0.5b",
         rl=dataclasses.replace(OLD_LOGITS_RL, num_groups=64, group_size=8, learning_rate=1e-6,
-                               minibatches=4),
+                               minibatches=4, remat=True),
         env=ArithmeticTask(digits=2, steps=2), windows=(1, 2, 4, 8),
         grid_routes=BUILTIN_ROUTES, seeds=5, iterations=300, overhead_window=4,
         overhead_iterations=10, partial_routes=BUILTIN_ROUTES, partial_window=4,
@@ -232,7 +234,7 @@ FRESHPER_SCALES = {
         iterations=32),
     "paper": FreshPERScale(
         rl=dataclasses.replace(FRESHPER_RL, num_groups=128, group_size=8, learning_rate=1e-6,
-                               minibatches=4),
+                               minibatches=4, remat=True),  # as the old-logit paper scale
         tasks=tuple(TASKS), methods=freshper_methods(500.0, 1, 50_000),
         taus=(100.0, 250.0, 500.0, 1000.0, math.inf), seeds=5, iterations=300,
         model="qwen2.5-0.5b"),
