@@ -1,6 +1,8 @@
 """Several JAX processes, one grid (fresh_rl.sweep.distributed): 2 processes × 2 simulated CPU
-devices over loopback give exactly the numbers of 1 process × 1 device, for a control grid
-(seeds × lag × δ through `fresh-rl launch … sweep`) and a FreshPER replay grid (τ × seeds); a
+devices over loopback give exactly the numbers of 1 process × 1 device for a control grid
+(seeds × lag × δ through `fresh-rl launch … sweep`), and for a FreshPER replay grid (τ × seeds)
+the same samples with importance weights equal to float32 rounding (XLA:CPU fuses a multiply-add
+differently in the two programs); a
 killed process fails the launch naming it and a rerun resumes from the last common checkpoint;
 bad setups fail within a timeout naming the setting."""
 import csv
@@ -84,8 +86,12 @@ def test_freshper_replay_grid_on_2_processes_equals_1_process(tmp_path):
     launch_local([sys.executable, script, str(tmp_path / "two.npz")], 2, 2, timeout_s=300, env=ENV)
     one, two = np.load(tmp_path / "one.npz"), np.load(tmp_path / "two.npz")
     assert (int(one["devices"]), int(two["devices"]), int(two["processes"])) == (1, 4, 2)
-    for name in ("mean_age", "weight_mean"):
-        np.testing.assert_array_equal(two[name], one[name], err_msg=name)
+    # The same items are drawn (ages exactly equal). The weights agree to float32 rounding only:
+    # XLA:CPU contracts the log-key's α·log p + (α/τ)·Δt into a fused multiply-add in the
+    # program compiled for 4 devices and not in the 1-device one (measured: stored min-tree
+    # leaves differ by 1 ulp), so bit-identity of float metrics is not a property of the sweep.
+    np.testing.assert_array_equal(two["mean_age"], one["mean_age"])
+    np.testing.assert_allclose(two["weight_mean"], one["weight_mean"], rtol=1e-6, atol=0)
     ages = one["mean_age"][:, -1].reshape(2, 4)  # [seed, τ ∈ 5, 20, 80, ∞]
     assert (ages[:, 0] < ages[:, -1]).all()  # short τ samples younger data: the grid is not degenerate
 
