@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from fresh_rl.replay import ReplayConfig, make_trajectory_buffer, slot_set
-from fresh_rl.replay import buffer as replay_buffer
 
 CAPACITY, BATCH = 24, 6
 
@@ -96,16 +95,14 @@ def test_floored_items_are_sampled_at_their_exact_probability():
     assert chi2.pvalue > 1e-3, chi2
 
 
-@pytest.mark.parametrize("moves", [4, 10_000])
-def test_a_large_crossing_floors_every_item_by_moves_or_by_one_rebuild(monkeypatch, moves):
-    """900 items cross the floor in one add: moved one by one (cap 10^4) or 4 moves then one
-    O(N) rebuild; both leave exactly the items below the floor floored, at the eager P(i)."""
-    monkeypatch.setattr(replay_buffer, "FLOOR_MOVES_BEFORE_REBUILD", moves)
+def test_a_large_crossing_floors_exactly_the_items_below_the_floor():
+    """900 items cross the floor in one add: afterwards exactly they are floored, at the eager
+    P(i)."""
     capacity, tau, floor, alpha = 1024, 10.0, 1e-4, 0.6
     buffer = make_trajectory_buffer(ReplayConfig(
         capacity=capacity, sample_batch_size=8, sampling="freshper", priority_exponent=alpha,
         age_decay_tau=tau, new_item_priority="given", min_decayed_priority=floor))
-    rng = np.random.default_rng(moves)
+    rng = np.random.default_rng(0)
     priorities = rng.uniform(0.5, 2.0, capacity).astype(np.float32)
     versions = np.where(np.arange(capacity) < 900, 0, 200).astype(np.int32)  # e^−20 < f
     state = buffer.init({"x": jnp.zeros(())})

@@ -47,8 +47,7 @@ write and every descent moves). The normaliser's log-min is ``log F(t)`` when an
 floored. F(t) only grows with t while a stored key never changes until it is rewritten,
 so an item crosses the threshold at most once per write: after every ``add`` the items whose key
 fell below F(t) are moved to the floored set one by one, each found by a min-tree descent
-(O(log N) per crossing, no O(N) scan; past ``FLOOR_MOVES_BEFORE_REBUILD`` crossings in one add,
-one O(N) rebuild moves the rest); ``set_priorities`` and rebases classify the
+(O(log N) per crossing, no O(N) scan); ``set_priorities`` and rebases classify the
 items they write directly. (Clamping only at rebase time would be O(N) and inexact between
 rebases; rewriting every leaf each step, as the authors' code does, is O(N) per step.) Zero base
 priority still means "never sampled" (our choice: the floor applies to positive priorities).
@@ -296,38 +295,28 @@ def _tree_leaves_from_log_keys(config: ReplayConfig, log_keys, valid, floored=No
     return jnp.stack([sum_leaves, min_leaves], axis=-1)
 
 
-# Items moved below the floor one by one per add before one O(N) rebuild moves the rest: a
-# move is a sequential O(K log_K N) descent and write, so a large crossing (a jump of the
-# version clock) is cheaper rebuilt whole. Our choice; changes speed (and the order of the
-# floored set, so which floored item a given key draws), never a probability.
-FLOOR_MOVES_BEFORE_REBUILD = 256
-
-
 def _apply_floor(config: ReplayConfig, state: ReplayState) -> ReplayState:
     """Moves every item whose key fell below F(latest_version) into the floored set: one
-    min-tree descent and one leaf write each (O(log N) per crossing), and if more than
-    :data:`FLOOR_MOVES_BEFORE_REBUILD` items crossed, one O(N) rebuild for the rest."""
+    min-tree descent and one leaf write each (O(log N) per crossing). No O(N) rebuild past
+    some number of crossings: under ``vmap`` a ``lax.cond`` computes both branches, so every
+    add of a vmapped buffer would pay the rebuild."""
     if not config.floored:
         return state
     log_floor = _log_floor(config, state)
     floored_leaf = jnp.asarray([[0.0, jnp.inf]], jnp.float32)
     one = jnp.ones((1,), bool)
 
-    def below(tree):
-        return tree.columns[1][0] < log_floor
+    def below(carry):
+        return carry[0].columns[1][0] < log_floor
 
     def move(carry):
-        tree, floored, moves = carry
+        tree, floored = carry
         index = segment_tree.argmin(tree, 1)[None]
         return (segment_tree.write(tree, index, floored_leaf, indices_are_unique=True),
-                slot_set.insert(floored, index, one), moves + 1)
+                slot_set.insert(floored, index, one))
 
-    tree, floored, _ = jax.lax.while_loop(
-        lambda carry: below(carry[0]) & (carry[2] < FLOOR_MOVES_BEFORE_REBUILD), move,
-        (state.priority_tree, state.floored, jnp.zeros((), jnp.int32)))
-    state = state.replace(priority_tree=tree, floored=floored)
-    return jax.lax.cond(below(tree), lambda s: _rebase(config, s, s.reference_version),
-                        lambda s: s, state)
+    tree, floored = jax.lax.while_loop(below, move, (state.priority_tree, state.floored))
+    return state.replace(priority_tree=tree, floored=floored)
 
 
 # --------------------------------------------------------------------------------------------
