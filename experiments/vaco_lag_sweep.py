@@ -21,12 +21,17 @@ bootstrap bands), ``curves_<task>.png``, ``aggregates.{csv,png}`` (rliable media
 optimality gap with 95% stratified-bootstrap intervals per method and lag),
 ``probability_of_improvement.csv`` (P(VACO variant > baseline) per lag, with intervals),
 ``score_vs_tv.{csv,png}`` (seed-mean normalised score against the measured backward TV per
-method, task and lag), ``delta_sweep.{csv,png}`` (per VACO variant), ``ablation.csv``, and
-``summary.md`` with the verdicts computed from those numbers.
+method, task and lag), ``lag_metrics.csv`` (measured version gap, backward and forward TV, ESS,
+filter on-fraction and masked / clipped fractions per task, method and lag),
+``equal_tuning.csv`` (aggregates with every variant at its best swept value at lag 0, VACO's δ
+as PPO-KL's β, on the δ-sweep tasks), ``delta_sweep.{csv,png}`` (per VACO variant),
+``ablation.csv``, and ``summary.md`` with the verdicts computed from those numbers.
+``--tasks`` restricts a scale to some of its tasks (same configs, so their saved runs load).
 
     python experiments/vaco_lag_sweep.py --scale ci     # ~2 min, CartPole, run by the tests
     python experiments/vaco_lag_sweep.py --scale quick  # ~5 min, part of experiments/quickstart.py
     python experiments/vaco_lag_sweep.py --scale cpu    # the study: 5 tasks, 10 seeds (many hours, resumable)
+    python experiments/vaco_lag_sweep.py --scale cpu --tasks CartPole-v1,Acrobot-v1  # a subset of its tasks
     python experiments/vaco_lag_sweep.py --scale gpu10  # ~10 min on one GPU (estimated, not yet run)
     python experiments/vaco_lag_sweep.py --scale paper  # Brax MuJoCo tasks at 100M steps (GPU/TPU)
 
@@ -51,8 +56,8 @@ from typing import Optional
 import numpy as np
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
-from fresh_rl.control.presets import (ABLATIONS, KEY_SCHEDULE, SWEPT_BASELINES, VACO_SCALES, Scale, headline_index,
-                                      VACO_VARIANTS, lag_name, run_study_variant, saved_run_matches, study_variants,
+from fresh_rl.control.presets import (ABLATIONS, KEY_SCHEDULE, SWEPT_BASELINES, VACO_SCALES, Scale, best_at_first_lag,
+                                      headline_index, VACO_VARIANTS, lag_name, run_study_variant, saved_run_matches, study_variants,
                                       variant_config)
 from fresh_rl.eval import (AGGREGATE_METRICS, aggregate_intervals, eval_area_under_curve, eval_final_score, final_score,
                            improvement_intervals, initial_score, seed_interval)
@@ -113,7 +118,9 @@ def run_final_score(d) -> np.ndarray:
 
 def score_tables(scale: Scale, results: dict):
     """Normalised final scores: {(variant, lag, delta): [seeds, tasks_with_variant]} and bounds;
-    delta ``"headline"`` holds the value each variant is reported with (``_delta_index``)."""
+    delta ``"headline"`` holds the value each variant is reported with (``_delta_index``),
+    ``"tuned"`` the value with the best seed mean at the first lag (``best_at_first_lag``: the
+    rule ``ppo_kl_fixed``'s β gets, applied to every variant's swept axis)."""
     bounds = {}
     for task in scale.tasks:
         datas = [d for (t, _), d in results.items() if t == task.name]
@@ -129,6 +136,7 @@ def score_tables(scale: Scale, results: dict):
             for di, delta in enumerate(np.asarray(d["deltas"]).tolist()):
                 scores.setdefault((variant, lag, delta), {})[task_name] = norm[li, di]
             scores.setdefault((variant, lag, "headline"), {})[task_name] = norm[li, _delta_index(variant, d)]
+            scores.setdefault((variant, lag, "tuned"), {})[task_name] = norm[li, best_at_first_lag(final)]
     return scores, bounds
 
 
@@ -342,7 +350,58 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
             w.writerow(["lag", "variant", "iqm", "iqm_ci_low", "iqm_ci_high", "mean"])
             w.writerows(ablation_rows)
 
-    summary = summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, improvement, header)
+    # measured lag metrics per task × main variant × lag (the drift each verdict rests on)
+    metric_keys = (("version_gap", "lag__version_gap_mean"), ("backward_tv", "lag__tv"),
+                   ("forward_tv_median", "lag__forward_tv"), ("ess", "lag__ess"),
+                   ("filter_on", "loss__filter_on"), ("mask_fraction", "loss__mask_fraction"),
+                   ("clip_fraction", "loss__clip_fraction"))
+    lag_rows = []
+    for (task_name, variant), d in sorted(results.items()):
+        if variant not in scale.methods:
+            continue
+        di = _delta_index(variant, d)
+        for li, lag in enumerate(d["lags"].tolist()):
+            row = {"task": task_name, "variant": variant, "lag": lag_name(lag)}
+            for name, key in metric_keys:
+                if key not in d:
+                    row[name] = ""
+                    continue
+                cell = np.asarray(d[key][li, di], np.float64)
+                # ½·mean|r − 1| is unbounded when a ratio explodes: its median over iterations
+                value = np.nanmedian(cell) if name == "forward_tv_median" else np.nanmean(cell)
+                row[name] = f"{value:.4f}"
+            lag_rows.append(row)
+    with open(out_dir / "lag_metrics.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["task", "variant", "lag"] + [n for n, _ in metric_keys])
+        w.writeheader()
+        w.writerows(lag_rows)
+
+    # equal tuning: on the tasks with the δ sweep every variant is read at its best swept value
+    # at the first lag (VACO's δ, as ppo_kl_fixed's β), then run under lag
+    tuned_agg, tuned_improvement = {}, {}
+    if ablation_tasks and len(scale.deltas) > 1:
+        tuned_rows = []
+        for lag in scale.study_lags:
+            mats = {v: _matrix(scores.get((v, lag, "tuned"), {}), ablation_tasks) for v in scale.methods}
+            mats = {v: m for v, m in mats.items() if m is not None}
+            tuned_agg[lag] = aggregate_intervals(mats, reps=reps)
+            for variant, metrics in tuned_agg[lag].items():
+                for metric, (p, lo, hi) in metrics.items():
+                    tuned_rows.append([lag_name(lag), variant, metric, f"{p:.4f}", f"{lo:.4f}", f"{hi:.4f}"])
+            pairs = {(v, b): (mats[v], mats[b]) for v in mats if v in VACO_VARIANTS for b in mats
+                     if b not in VACO_VARIANTS}
+            tuned_improvement[lag] = improvement_intervals(pairs, reps=reps)
+        with open(out_dir / "equal_tuning.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["lag", "method", "metric", "point", "ci_low", "ci_high"])
+            w.writerows(tuned_rows)
+            for lag, table in tuned_improvement.items():
+                for (vaco, base), (p, lo, hi) in table.items():
+                    w.writerow([lag_name(lag), f"P({vaco} > {base})", "probability_of_improvement",
+                                f"{p:.4f}", f"{lo:.4f}", f"{hi:.4f}"])
+
+    summary = summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, improvement, header,
+                        lag_rows=lag_rows, tuned=(ablation_tasks, tuned_agg, tuned_improvement))
     (out_dir / "summary.md").write_text(summary)
     return summary
 
@@ -351,7 +410,8 @@ def _fmt(t):
     return f"{t[0]:.3f} [{t[1]:.3f}, {t[2]:.3f}]"
 
 
-def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, improvement, header) -> str:
+def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, improvement, header,
+              lag_rows=(), tuned=((), {}, {})) -> str:
     lines = ["# VACO lag sweep — summary", "",
              "```", json.dumps(header, indent=1), "```", "",
              "Normalised final score (0 = untrained policy, 1 = best run on the task); point and 95% "
@@ -387,6 +447,29 @@ def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, impr
     for lag, table in improvement.items():
         for (vaco, base), interval in table.items():
             lines.append(f"| {lag_name(lag)} | {vaco} > {base} | {_fmt(interval)} |")
+
+    lines += ["", "## Measured lag metrics (main variants at their reported value)", "",
+              "Run means over iterations, seed means; forward TV is the median over iterations "
+              "(½·mean|r − 1| is unbounded when a ratio explodes).", "",
+              "| task | variant | lag | version gap | backward TV | forward TV | ESS | filter on | masked | clipped |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in lag_rows:
+        lines.append(f"| {r['task']} | {r['variant']} | {r['lag']} | " + " | ".join(
+            r[k] or "–" for k in ("version_gap", "backward_tv", "forward_tv_median", "ess", "filter_on",
+                                  "mask_fraction", "clip_fraction")) + " |")
+
+    tuned_tasks, tuned_agg, tuned_improvement = tuned
+    if tuned_agg:
+        lines += ["", f"## Equal tuning ({', '.join(tuned_tasks)}): every swept value picked at lag "
+                  f"{scale.lags[0]}", "",
+                  "VACO variants at their best δ at the first lag, as ppo_kl_fixed at its best β; the "
+                  "others have no swept value.", "",
+                  "| lag | method | IQM | P(VACO variant > method) |", "|---|---|---|---|"]
+        for lag in scale.study_lags:
+            for variant, mets in tuned_agg[lag].items():
+                poi = "; ".join(f"{v}: {_fmt(tuned_improvement[lag][(v, b)])}"
+                                for (v, b) in tuned_improvement[lag] if b == variant)
+                lines.append(f"| {lag_name(lag)} | {variant} | {_fmt(mets['iqm'])} | {poi or '–'} |")
 
     # verdicts
     lines += ["", "## Verdicts (computed)", ""]
@@ -431,15 +514,21 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bootstrap-reps", type=int, default=2000)
     parser.add_argument("--fresh", action="store_true", help="ignore saved runs and recompute all")
+    parser.add_argument("--tasks", default=None,
+                        help="comma-separated subset of the scale's tasks to run and tabulate (default: all)")
     add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
     enable_from_args(args)
     scale = VACO_SCALES[args.scale]
+    if args.tasks is not None:
+        scale = scale.with_tasks(args.tasks.split(","))
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     results = run_all(scale, args.out, args.seed, args.fresh)
     header = {
-        **provenance(command=f"python experiments/vaco_lag_sweep.py --scale {args.scale} --seed {args.seed}"),
+        **provenance(command=f"python experiments/vaco_lag_sweep.py --scale {args.scale} --seed {args.seed}"
+                             + (f" --tasks {args.tasks}" if args.tasks else "")
+                             + (f" --out {args.out}" if args.out != RESULTS else "")),
         "wall_time_s_this_invocation": round(time.perf_counter() - start, 1),
         "compile_s_total": round(float(sum(float(d["compile_s"]) for d in results.values())), 1),
         "run_s_total": round(float(sum(float(d["run_s"]) for d in results.values())), 1),

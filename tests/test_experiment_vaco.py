@@ -79,6 +79,12 @@ def test_ci_scale_writes_outputs_and_acts_with_the_swept_lag(ci_run):
     for r in improvement:
         assert 0.0 <= float(r["ci_low"]) <= float(r["probability"]) <= float(r["ci_high"]) <= 1.0, r
     assert "Probability of improvement" in (out / "summary.md").read_text()
+    # measured lag metrics: one row per variant and lag, equal to the saved runs' means
+    metrics = {(r["variant"], r["lag"]): r for r in csv.DictReader(open(out / "lag_metrics.csv"))}
+    assert set(metrics) == {(v, lag) for v in VARIANTS for lag in ("0", "4")}
+    for v in VARIANTS:
+        np.testing.assert_allclose(float(metrics[v, "4"]["backward_tv"]), tv[v, "4"], rtol=1e-3)
+    assert float(metrics["vaco", "0"]["version_gap"]) == 0.0
 
 
 def test_second_invocation_resumes_from_saved_runs(ci_run):
@@ -131,6 +137,22 @@ def test_saved_runs_of_another_mixture_are_rejected():
     other = DelayConfig.uniform(0, 64, scale.ring_size)
     assert not saved_run_matches(data, config, 0, scale.study_lags, (0.2,), 2, other)
     assert not saved_run_matches(data, config, 0, scale.lags, (0.2,), 2, None)
+
+
+def test_a_task_subset_keeps_every_config_so_saved_runs_still_match():
+    """``--tasks``: the subset's configs (ring size included) equal the full scale's, so the
+    finished tasks of a resumable study are tabulated from their saved runs; bad names fail."""
+    full = VACO_SCALES["cpu"]
+    sub = full.with_tasks(["Acrobot-v1", "CartPole-v1"])
+    assert [t.name for t in sub.tasks] == ["CartPole-v1", "Acrobot-v1"]  # the scale's order
+    assert (sub.ring_size, sub.study_lags, sub.num_seeds) == (full.ring_size, full.study_lags, full.num_seeds)
+    for task in sub.tasks:
+        assert list(study_variants(sub, task)) == list(study_variants(full, task))
+        assert variant_config(task, "vaco", {}, sub.ring_size) == variant_config(task, "vaco", {}, full.ring_size)
+    with pytest.raises(ValueError, match="tasks must be a non-empty subset.*Breakout-MinAtar"):
+        full.with_tasks(["Pong"])
+    with pytest.raises(ValueError, match="tasks must be a non-empty subset"):
+        full.with_tasks([])
 
 
 @pytest.mark.parametrize("name", ["ci", "quick", "cpu",

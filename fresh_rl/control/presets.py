@@ -52,6 +52,11 @@ ABLATIONS = {
     "vaco_align_only": ("vaco_align_only", {}),
     "vaco_filter_only": ("vaco_filter_only", {}),
     "vaco_standardized": ("vaco", {"advantage_normalization": "standardize"}),
+    # the unbiased centring (b-weighted baseline, fresh_rl.control.methods) against scale-only,
+    # for VACO and for IMPALA, and IMPALA with the biased plain centring it used to get
+    "vaco_centered_ratio": ("vaco", {"advantage_normalization": "centered_ratio"}),
+    "impala_standardized": ("impala", {"advantage_normalization": "standardize"}),
+    "impala_centered_ratio": ("impala", {"advantage_normalization": "centered_ratio"}),
 }
 DELTAS = (0.05, 0.1, 0.2, 0.4)
 PAPER_DELTA = 0.2
@@ -102,6 +107,16 @@ class Scale:
     def ring_size(self) -> int:
         """Version ring of every config: the largest fixed lag + 1."""
         return max(self.lags) + 1
+
+    def with_tasks(self, names) -> "Scale":
+        """This scale on the subset ``names`` of its tasks (in the scale's order; same lags,
+        seeds, methods and configs, so saved runs of those tasks still match), e.g. the tasks a
+        resumable study has finished. ``ValueError`` names an unknown task and the allowed ones."""
+        known = [t.name for t in self.tasks]
+        unknown = [n for n in names if n not in known]
+        if unknown or not names:
+            raise ValueError(f"tasks must be a non-empty subset of the scale's tasks {known}, got {list(names)}")
+        return dataclasses.replace(self, tasks=tuple(t for t in self.tasks if t.name in names))
 
     @property
     def study_lags(self) -> tuple[int, ...]:
@@ -267,12 +282,20 @@ def headline_index(variant: str, values, final_scores) -> int:
     (smallest) lag, i.e. tuned without lag and then run under lag (our choice; the paper's β
     is unknown; a value with any diverged seed counts as −∞). Else 0. ``final_scores``:
     ``[lags, values, seeds]``."""
-    if variant in SWEPT_BASELINES:  # a value whose runs all diverged (NaN) is never picked
-        first_lag = np.asarray(final_scores, np.float64)[0]
-        means = np.where(np.isfinite(first_lag), first_lag, -np.inf).mean(axis=-1)
-        return int(np.argmax(means))
+    if variant in SWEPT_BASELINES:
+        return best_at_first_lag(final_scores)
     values = [float(v) for v in np.asarray(values).tolist()]
     return values.index(PAPER_DELTA) if PAPER_DELTA in values else 0
+
+
+def best_at_first_lag(final_scores) -> int:
+    """Index of the swept value with the best seed-mean final score at the first lag
+    (``final_scores``: ``[lags, values, seeds]``); a value with any diverged (NaN) seed counts
+    as −∞. The tuning rule of :func:`headline_index` for a baseline's own grid, and of the
+    results' equal-tuning table for every variant."""
+    first_lag = np.asarray(final_scores, np.float64)[0]
+    means = np.where(np.isfinite(first_lag), first_lag, -np.inf).mean(axis=-1)
+    return int(np.argmax(means))
 
 
 def study_variants(scale: Scale, task: Task):
