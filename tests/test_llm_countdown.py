@@ -113,6 +113,10 @@ def mutate(rng, kind, expert, numbers):
         lines[-1] = rng.choice([f"#### {value + rng.choice([-2, -1, 1, 7])}", f"### {value}",
                                 f"####{value}", f"#### {value} ", f"#### 0{value}", "#### "])
         return "\n".join(lines), True, None
+    elif kind == "drop_number":  # an empty operand or result
+        runs = list(re.finditer(r"[0-9]+", expert))
+        m = rng.choice(runs[:-1])
+        return expert[:m.start()] + expert[m.end():], True, None
     elif kind == "no_stop":
         return expert, False, None
     elif kind == "edit":
@@ -133,8 +137,8 @@ def mutate(rng, kind, expert, numbers):
     return "".join(chars), True, None
 
 
-KINDS = ["expert", "digit", "op", "swap_operands", "reuse", "final", "no_stop", "edit", "lines",
-         "program", "program", "garbage"]
+KINDS = ["expert", "digit", "op", "swap_operands", "reuse", "final", "drop_number", "no_stop",
+         "edit", "lines", "program", "program", "garbage"]
 
 
 @settings(max_examples=200)
@@ -173,6 +177,7 @@ def test_handwritten_answers():
              "2-7=-5\n#### -5": (False, False),  # no negative numbers
              "7 * 3 = 21\n21+2=23\n#### 23": (False, False),  # no spaces
              "#### 23": (True, False),  # at least one step
+             "7*=21\n21+2=23\n#### 23": (False, False),
              "7*3=21\n21+2=23\n#### 23\n": (False, False)}
     for answer, (format_ok, success) in cases.items():
         assert reference(env, [3, 7, 2], 23, answer, True) == (format_ok, success), answer
@@ -186,9 +191,13 @@ def test_handwritten_answers():
                                    dict(num_count=5, max_number=99, value_digits=4)])
 def test_targets_reachable_and_bounds_fit(knobs):
     env = CountdownTask(**knobs)
-    obs, n, states = jax.jit(jax.vmap(env.reset))(jax.random.split(jax.random.PRNGKey(1), 256))
-    actions, lengths = jax.vmap(env.expert_action)(states)
-    *_, reward, _, info = jax.jit(jax.vmap(env.step))(states, actions, lengths)
+
+    def play(key):  # one compilation: 256 resets, the expert's answers and their scores
+        obs, n, states = jax.vmap(env.reset)(jax.random.split(key, 256))
+        actions, lengths = jax.vmap(env.expert_action)(states)
+        return obs, n, actions, lengths, *jax.vmap(env.step)(states, actions, lengths)[3::2]
+
+    obs, n, actions, lengths, reward, info = jax.jit(play)(jax.random.PRNGKey(1))
     assert bool(info["success"].all()) and float(reward.min()) == 1.0
     assert int(n.max()) <= env.obs_len and int(lengths.max()) <= env.action_len
     assert int(n.max()) >= env.obs_len - 1 and 3 * env.action_len <= 4 * int(lengths.max())
@@ -222,17 +231,19 @@ def test_determinism_and_knob_errors():
             CountdownTask(**knobs)
 
 
+PLAY = jax.jit(lambda e: run_episodes(e, expert_policy(e), jax.random.PRNGKey(3), 8),
+               static_argnums=0)
+
+
 @pytest.mark.parametrize("vocab", ["char", "bpe"])
 def test_expert_rollouts_succeed(vocab):
     char_env = ENVS["default"]
     env = char_env if vocab == "char" else with_vocab(char_env, BPE)
-    play = jax.jit(lambda e: run_episodes(e, expert_policy(e), jax.random.PRNGKey(3), 8),
-                   static_argnums=0)
-    episodes = play(env)
+    episodes = PLAY(env)
     assert bool(episodes.success.all()) and bool(episodes.format_ok.all())
     assert int(episodes.mask.sum(1).max()) <= env.transcript_len
     if vocab == "bpe":  # the same episodes as with the char vocabulary, read through BPE
-        char = play(char_env)
+        char = PLAY(char_env)
         for i in range(8):
             tokens = np.asarray(episodes.tokens[i])
             text = BPE.decode(tokens[np.asarray(episodes.action_mask[i])])

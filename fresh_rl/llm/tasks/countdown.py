@@ -23,8 +23,9 @@ generator's solution is the expert demonstration.
 Knobs (our choices): ``num_count`` in [2, 5] (default 3), ``max_number`` in [2, 99] (default
 9), ``value_digits`` (digit width of every number, default 3) in [digits of max_number, 4]
 (4 keeps products of two numbers in int32), ``format_penalty`` (default 0.15, as arithmetic).
-``action_len`` fits every valid answer: ``num_count - 1`` step lines whose numbers have at most
-as many digits as the largest reachable value (max_number ** num_count, capped).
+``action_len`` fits every valid answer without leading zeros: ``num_count - 1`` step lines whose
+numbers have at most as many digits as the largest reachable value (max_number ** num_count,
+capped by value_digits).
 """
 from __future__ import annotations
 
@@ -114,8 +115,8 @@ class CountdownTask(SpeaksVocab):
         n, cap = self.num_count, 10 ** self.value_digits
         u = jax.random.uniform(key, (n, n + 1))  # one draw: numbers, pairings, ops
 
-        def uniform_int(u, high):  # uniform in [0, high)
-            return jnp.minimum(jnp.floor(u * high).astype(jnp.int32), high - 1)
+        def uniform_int(x, high):  # uniform in [0, high)
+            return jnp.minimum(jnp.floor(x * high).astype(jnp.int32), high - 1)
 
         numbers = 1 + uniform_int(u[0, :n], self.max_number)
         priorities, ops = u[1:, :n], uniform_int(u[1:, n], 3)
@@ -160,16 +161,14 @@ class CountdownTask(SpeaksVocab):
         idx = jnp.arange(size)
         valid = idx < length
         digit = (chars >= text.DIGIT_0) & (chars <= text.DIGIT_0 + 9) & valid
-        is_op = ((chars == text.tok("+")) | (chars == text.tok("-")) | (chars == text.tok("*"))
-                 ) & valid
+        is_op = jnp.any(chars[:, None] == _SYMBOL_T, axis=1) & valid
         is_eq, is_nl = (chars == text.tok("=")) & valid, (chars == text.tok("\n")) & valid
         # Step lines: the op / '=' / newline characters come as (op, '=', newline)* and the
         # op and '=' have digits on both sides; everything else there is a digit.
         special = is_op | is_eq | is_nl
         rank = jnp.cumsum(special) - 1
         kind = jnp.where(is_op, 0, jnp.where(is_eq, 1, 2))
-        at = lambda x, i: jnp.take(x, jnp.clip(i, 0, size - 1)) & (i >= 0) & (i < size)  # noqa
-        neighbours = at(digit, idx - 1) & at(digit, idx + 1)
+        neighbours = jnp.pad(digit, 1)[:-2] & jnp.pad(digit, 1)[2:]  # digits left and right
         last = jnp.max(jnp.where(is_nl, idx, -1)) + 1  # first char of the final line
         steps_region = idx < last
         lines_ok = jnp.all(~steps_region | (digit | special)) & jnp.all(
@@ -201,8 +200,7 @@ class CountdownTask(SpeaksVocab):
             a, a_ok = text.parse_int(chars, start, op_at, vd)
             b, b_ok = text.parse_int(chars, op_at + 1, eq_at, vd)
             c, c_ok = text.parse_int(chars, eq_at + 1, nl_at, vd)
-            op = jnp.argmax(jnp.asarray(text.const(OP_SYMBOL)) == jnp.take(
-                chars, jnp.clip(op_at, 0, size - 1)))
+            op = jnp.argmax(_SYMBOL_T == jnp.take(chars, jnp.clip(op_at, 0, size - 1)))
             active = k < num_steps
             available, a_found = take(available, values, a, active)
             available, b_found = take(available, values, b, active)
