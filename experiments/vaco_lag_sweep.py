@@ -59,8 +59,8 @@ from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_a
 from fresh_rl.control.presets import (ABLATIONS, KEY_SCHEDULE, SWEPT_BASELINES, VACO_SCALES, Scale, best_at_first_lag,
                                       headline_index, VACO_VARIANTS, lag_name, run_study_variant, saved_run_matches, study_variants,
                                       variant_config)
-from fresh_rl.eval import (AGGREGATE_METRICS, aggregate_intervals, eval_area_under_curve, eval_final_score, final_score,
-                           improvement_intervals, initial_score, seed_interval)
+from fresh_rl.eval import (AGGREGATE_METRICS, aggregate_intervals, eval_area_under_curve, eval_final_score,
+                           eval_initial_score, final_score, improvement_intervals, initial_score, seed_interval)
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance
 
 RESULTS = REPOSITORY_ROOT / "results" / "vaco"
@@ -116,6 +116,37 @@ def run_final_score(d) -> np.ndarray:
     return final_score(d["episode_return"])
 
 
+def learning_check(scale: Scale, results: dict, reps: int) -> dict:
+    """Whether each task shows learning within its budget (a test bed that cannot learn cannot
+    rank methods): the main variant with the best seed-mean final score at the first lag, and
+    the 95% seed interval of its per-seed gain, final − initial (learner evaluations: the last
+    vs the first 10% of them; else the actors' training return). A task *learns* when that
+    interval is above 0; only such tasks enter the aggregates (our rule).
+    Returns {task: {"variant", "initial", "final", "gain", "low", "high", "learns"}}."""
+    check = {}
+    for task in scale.tasks:
+        best = None
+        for variant in scale.methods:
+            d = results.get((task.name, variant))
+            if d is None:
+                continue
+            di = _delta_index(variant, d)
+            final = run_final_score(d)[0, di]
+            if "eval__return_deterministic" in d:
+                initial = eval_initial_score(d["eval__return_deterministic"], d["eval__valid"] > 0)[0, di]
+            else:
+                initial = initial_score(d["episode_return"], d["episodes_completed"])[0, di]
+            if np.isfinite(final).all() and (best is None or final.mean() > best[1].mean()):
+                best = (variant, final, initial)
+        if best is None:
+            continue
+        variant, final, initial = best
+        gain, low, high = (float(x) for x in seed_interval(final - initial, reps=reps))
+        check[task.name] = {"variant": variant, "initial": float(initial.mean()), "final": float(final.mean()),
+                            "gain": gain, "low": low, "high": high, "learns": low > 0}
+    return check
+
+
 def score_tables(scale: Scale, results: dict):
     """Normalised final scores: {(variant, lag, delta): [seeds, tasks_with_variant]} and bounds;
     delta ``"headline"`` holds the value each variant is reported with (``_delta_index``),
@@ -151,10 +182,21 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tasks = [t.name for t in scale.tasks]
+    all_tasks = [t.name for t in scale.tasks]
     lags = scale.study_lags
-    ablation_tasks = [t.name for t in scale.tasks if t.ablations]
     scores, bounds = score_tables(scale, results)
+    learning = learning_check(scale, results, reps)
+    with open(out_dir / "learning_check.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["task", "best_variant_at_first_lag", "initial", "final", "gain", "gain_ci_low", "gain_ci_high",
+                    "learns"])
+        for t, c in learning.items():
+            w.writerow([t, c["variant"], f"{c['initial']:.3f}", f"{c['final']:.3f}", f"{c['gain']:.3f}",
+                        f"{c['low']:.3f}", f"{c['high']:.3f}", c["learns"]])
+    # aggregates, improvement probabilities, δ sweep and ablations over the tasks that learn
+    # (all tasks, flagged in the summary, when none does)
+    tasks = [t for t in all_tasks if learning.get(t, {}).get("learns")] or all_tasks
+    ablation_tasks = [t.name for t in scale.tasks if t.ablations and t.name in tasks]
 
     # runs.csv
     with open(out_dir / "runs.csv", "w", newline="") as f:
@@ -198,8 +240,8 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
         w = csv.writer(f)
         w.writerow(["task", "variant", "lag", "mean_backward_tv", "normalized_score_seed_mean"])
         w.writerows([r[:3] + (f"{r[3]:.4f}", f"{r[4]:.4f}") for r in tv_rows])
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.4), squeeze=False)
-    for ti, task_name in enumerate(tasks):
+    fig, axes = plt.subplots(1, len(all_tasks), figsize=(4.2 * len(all_tasks), 3.4), squeeze=False)
+    for ti, task_name in enumerate(all_tasks):
         ax = axes[0, ti]
         for vi, variant in enumerate(scale.methods):
             pts = [r for r in tv_rows if r[0] == task_name and r[1] == variant]
@@ -219,9 +261,9 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
     with open(out_dir / "curves.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["task", "variant", "lag", "iteration", "env_steps", "mean_return", "ci_low", "ci_high"])
-        for task_name in tasks:
+        for task_name in all_tasks:
             fig, axes = plt.subplots(1, len(lags), figsize=(4.2 * len(lags), 3.4), squeeze=False)
-            for variant in list(scale.methods) + [a for a in scale.ablations if task_name in ablation_tasks]:
+            for variant in list(scale.methods) + list(scale.ablations):
                 d = results.get((task_name, variant))
                 if d is None:
                     continue
@@ -401,7 +443,8 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
                                 f"{p:.4f}", f"{lo:.4f}", f"{hi:.4f}"])
 
     summary = summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, improvement, header,
-                        lag_rows=lag_rows, tuned=(ablation_tasks, tuned_agg, tuned_improvement))
+                        lag_rows=lag_rows, equal_tuning=(ablation_tasks, tuned_agg, tuned_improvement),
+                        learning=(learning, tasks))
     (out_dir / "summary.md").write_text(summary)
     return summary
 
@@ -411,7 +454,7 @@ def _fmt(t):
 
 
 def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, improvement, header,
-              lag_rows=(), tuned=((), {}, {})) -> str:
+              lag_rows=(), equal_tuning=((), {}, {}), learning=({}, ())) -> str:
     lines = ["# VACO lag sweep — summary", "",
              "```", json.dumps(header, indent=1), "```", "",
              "Normalised final score (0 = untrained policy, 1 = best run on the task); point and 95% "
@@ -433,7 +476,17 @@ def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, impr
     if tuned:
         lines += ["", f"Baselines with their own grid are reported at their best value at lag {scale.lags[0]}: "
                   + ", ".join(tuned) + "."]
-    lines += ["", "## Aggregates over all tasks (main methods)", "",
+    checks, agg_tasks = learning
+    lines += ["", "## Does each task learn within its budget?", "",
+              "Best main variant at the first lag; gain = final − initial learner score (last vs first 10% of "
+              "evaluations), seed mean and 95% interval. Only tasks that learn enter the aggregates.", "",
+              "| task | best variant | initial | final | gain | learns |", "|---|---|---|---|---|---|"]
+    for t, c in checks.items():
+        lines.append(f"| {t} | {c['variant']} | {c['initial']:.1f} | {c['final']:.1f} | "
+                     f"{c['gain']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}] | {'yes' if c['learns'] else 'no'} |")
+    if checks and not any(c["learns"] for c in checks.values()):
+        lines += ["", "**No task learns: the aggregates below are over all tasks and uninformative.**"]
+    lines += ["", f"## Aggregates over {', '.join(agg_tasks) or 'all tasks'} (main methods)", "",
               "| lag | method | " + " | ".join(AGGREGATE_METRICS) + " |", "|---|---|" + "---|" * 4]
     for lag in scale.study_lags:
         for variant, mets in agg[lag].items():
@@ -458,7 +511,7 @@ def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, impr
             r[k] or "–" for k in ("version_gap", "backward_tv", "forward_tv_median", "ess", "filter_on",
                                   "mask_fraction", "clip_fraction")) + " |")
 
-    tuned_tasks, tuned_agg, tuned_improvement = tuned
+    tuned_tasks, tuned_agg, tuned_improvement = equal_tuning
     if tuned_agg:
         lines += ["", f"## Equal tuning ({', '.join(tuned_tasks)}): every swept value picked at lag "
                   f"{scale.lags[0]}", "",

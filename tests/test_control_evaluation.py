@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from fresh_rl.control import TrainConfig, VecEnv, evaluate, evaluation_key, networks, train
 from fresh_rl.control.env_types import RunningStats
 from fresh_rl.control.train import Batch, _forward_tv
-from fresh_rl.eval import eval_area_under_curve, eval_final_score
+from fresh_rl.eval import eval_area_under_curve, eval_final_score, eval_initial_score
 from fresh_rl.lag import DelayConfig, version_ring
 from fresh_rl.sweep.keys import split_run_key, step_key
 
@@ -183,6 +183,7 @@ def test_eval_scores_on_a_hand_computed_curve():
     # points (1, 1), (3, 3), (5, 7): trapezoids 2·(1+3)/2 + 2·(3+7)/2 = 14 over 4 iterations
     np.testing.assert_allclose(eval_area_under_curve(values, valid), [14 / 4, (2 * 2 / 2 + 2 * 6 / 2) / 4])
     np.testing.assert_allclose(eval_final_score(values, valid), [7.0, 4.0])  # 3 points: the last one
+    np.testing.assert_allclose(eval_initial_score(values, valid), [1.0, 0.0])  # and the first one
     assert eval_area_under_curve(values[0], [0, 0, 1, 0, 0, 0]) == 9.0
     with pytest.raises(ValueError, match="valid"):
         eval_final_score(values, np.zeros(6))
@@ -197,11 +198,13 @@ def test_eval_scores_match_numpy(data):
     valid = valid.reshape(runs, iters)
     valid[:, -1] = True
     final, auc = eval_final_score(values, valid), eval_area_under_curve(values, valid)
-    assert final.shape == auc.shape == (runs,)
+    initial = eval_initial_score(values, valid)
+    assert final.shape == auc.shape == initial.shape == (runs,)
     for r in range(runs):
         x = np.flatnonzero(valid[r])
         y = values[r, x]
         np.testing.assert_allclose(final[r], np.mean(y[len(y) - max(1, len(y) // 10):]))
+        np.testing.assert_allclose(initial[r], np.mean(y[:max(1, len(y) // 10)]))
         expected = y[0] if len(x) == 1 else np.trapezoid(y, x) / (x[-1] - x[0])
         np.testing.assert_allclose(auc[r], expected, rtol=1e-9, atol=1e-9)
         assert y.min() - 1e-9 <= auc[r] <= y.max() + 1e-9

@@ -85,6 +85,10 @@ def test_ci_scale_writes_outputs_and_acts_with_the_swept_lag(ci_run):
     for v in VARIANTS:
         np.testing.assert_allclose(float(metrics[v, "4"]["backward_tv"]), tv[v, "4"], rtol=1e-3)
     assert float(metrics["vaco", "0"]["version_gap"]) == 0.0
+    # the learning check: CartPole learns in the ci budget, so it enters the aggregates
+    (check,) = csv.DictReader(open(out / "learning_check.csv"))
+    assert check["task"] == "CartPole-v1" and check["learns"] == "True"
+    assert float(check["gain_ci_low"]) > 0 and float(check["final"]) > float(check["initial"])
 
 
 def test_second_invocation_resumes_from_saved_runs(ci_run):

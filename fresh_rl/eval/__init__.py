@@ -10,13 +10,15 @@ from fresh_rl.eval.aggregates import (
     probability_of_improvement,
     seed_interval,
 )
-from fresh_rl.eval.scores import eval_area_under_curve, eval_final_score, final_score, initial_score
+from fresh_rl.eval.scores import (eval_area_under_curve, eval_final_score, eval_initial_score, final_score,
+                                  initial_score)
 
 __all__ = [
     "AGGREGATE_METRICS",
     "aggregate_intervals",
     "eval_area_under_curve",
     "eval_final_score",
+    "eval_initial_score",
     "final_score",
     "improvement_intervals",
     "initial_score",

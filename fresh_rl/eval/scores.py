@@ -1,5 +1,5 @@
 """Scores of a run's learning curve: the untrained policy's return, the final return, and the
-final score and area of a learner-evaluation curve.
+initial and final scores and area of a learner-evaluation curve.
 
 Learner-evaluation curves (``eval/return_…`` of :func:`fresh_rl.control.train.train`) hold a
 value on every iteration, carried forward between evaluations; ``eval/valid`` marks the
@@ -41,6 +41,13 @@ def eval_final_score(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
     ``values [..., I]`` (e.g. ``eval/return_deterministic``), ``valid`` (``eval/valid``)
     broadcastable to it."""
     return _eval_rows(values, valid, lambda _, y: y[-max(1, len(y) // 10):].mean())
+
+
+def eval_initial_score(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Mean of the first 10% of a run's evaluation points (at least one), per run ``[...]``:
+    the early learner, the counterpart of :func:`eval_final_score` (whether a task learns at
+    all within the budget is final − initial)."""
+    return _eval_rows(values, valid, lambda _, y: y[:max(1, len(y) // 10)].mean())
 
 
 def eval_area_under_curve(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
