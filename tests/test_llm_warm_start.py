@@ -1,4 +1,5 @@
-"""Supervised warm start: loss decreases, evaluation / r_d plumbing, checkpoints, script."""
+"""Supervised warm start: loss decreases, evaluation / r_d plumbing, checkpoints, script; the
+BPE warm start (checkpoint selection, resumable state, its ci scale end to end)."""
 import csv
 import os
 import subprocess
@@ -13,7 +14,7 @@ from fresh_rl.llm.model import preset
 from fresh_rl.llm.rollout import right_to_left_padded
 from fresh_rl.llm.tasks import FrozenLakeTask
 from fresh_rl.llm.warm_start import (WarmStartConfig, evaluate, restore_params, save_params,
-                                     warm_start)
+                                     select_checkpoint, warm_start)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -61,3 +62,71 @@ def test_warm_start_script_ci_scale(tmp_path):
     assert [r["task"] for r in rows] == ["arithmetic", "frozenlake", "sokoban", "search_qa"]
     restore_params(str(tmp_path / "checkpoint"), preset("tiny"))
     assert "Wall time" in (tmp_path / "README.md").read_text()
+
+
+def test_select_checkpoint_prefers_the_last_in_band_else_the_closest():
+    def evals(table):
+        return [{"step": step, "task": task, "success": s}
+                for step, row in table.items() for task, s in zip("ab", row)]
+
+    band = (0.2, 0.5)
+    # steps 200 and 300 are both inside the band: the later one; 400 saturates task a.
+    assert select_checkpoint(evals({100: (0.1, 0.3), 200: (0.3, 0.25), 300: (0.45, 0.3),
+                                    400: (0.7, 0.4)}), band) == (300, 0.0)
+    step, distance = select_checkpoint(evals({100: (0.0, 0.1), 200: (0.1, 0.6)}), band)
+    assert step == 200 and distance == pytest.approx(0.2)  # 0.1 short + 0.1 over < 0.3 short
+
+
+def test_training_state_roundtrips_and_rejects_another_model(tmp_path):
+    from fresh_rl.llm.warm_start import load_state, make_optimizer, save_state
+    config = WarmStartConfig(steps=10, warmup_steps=2)
+    params = jax.tree_util.tree_map(lambda x: x + 1.0, _tiny_params(32))
+    opt_state = make_optimizer(config).init(params)
+    path = str(tmp_path / "state.npz")
+    save_state(path, params, opt_state, {"step": 3, "history": [{"loss": 1.5}]})
+    template = (_tiny_params(32), make_optimizer(config).init(_tiny_params(32)))
+    (p, o), meta = load_state(path, template)
+    assert meta == {"step": 3, "history": [{"loss": 1.5}]}
+    for a, b in zip(jax.tree_util.tree_leaves((params, opt_state)),
+                    jax.tree_util.tree_leaves((p, o))):
+        np.testing.assert_array_equal(a, b)
+    other = (_tiny_params(16), make_optimizer(config).init(_tiny_params(16)))
+    with pytest.raises(ValueError, match="another model"):
+        load_state(path, other)
+
+
+def _tiny_params(width):
+    from fresh_rl.llm.model import Qwen2Config, init_params
+    return init_params(Qwen2Config(vocab_size=64, hidden_size=width, intermediate_size=2 * width,
+                                   num_hidden_layers=2, num_attention_heads=2,
+                                   num_key_value_heads=1, max_position_embeddings=16),
+                       jax.random.PRNGKey(0))
+
+
+def test_bpe_ci_scale_writes_a_loadable_hf_folder_and_resumes_bit_exactly(tmp_path):
+    """The BPE warm start at its ci scale (2-layer 32-wide model, 4 steps, arithmetic):
+    interrupted after the first periodic evaluation and rerun, it continues from the saved
+    state and ends with the same model as an uninterrupted run."""
+    from fresh_rl.llm.checkpoint import load_hf_model
+    script = os.path.join(ROOT, "experiments", "llm_warm_start.py")
+
+    def run(out, *flags):
+        return subprocess.run([sys.executable, script, "--scale", "bpe-ci", "--out", str(out),
+                               *flags], check=True, cwd=ROOT, capture_output=True,
+                              text=True).stdout
+
+    log = run(tmp_path / "a", "--stop-after", "2")
+    assert "stopped at step 2" in log and not (tmp_path / "a" / "model").exists()
+    log = run(tmp_path / "a")
+    assert "resuming from" in log and "at step 2" in log
+    run(tmp_path / "b")
+    config, params, vocab = load_hf_model(str(tmp_path / "a" / "model"))
+    assert config.num_hidden_layers == 2 and vocab.vocab_size == config.vocab_size == 704
+    assert vocab.stop_tokens == (2, 0)  # <|im_end|>, <|endoftext|> as the stand-in's
+    with open(tmp_path / "a" / "evals.csv") as f:
+        assert [(r["step"], r["task"]) for r in csv.DictReader(f)] == [("2", "arithmetic"),
+                                                                       ("4", "arithmetic")]
+    a, b = ((tmp_path / x / "model" / "model.safetensors").read_bytes() for x in "ab")
+    assert a == b
+    assert "Training and periodic evaluation took" in (tmp_path / "a" / "README.md").read_text()
+    assert "model/" in (tmp_path / "a" / "README.md").read_text()

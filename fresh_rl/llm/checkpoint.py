@@ -24,7 +24,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import struct
+import tempfile
 
 import jax
 import ml_dtypes
@@ -108,9 +110,13 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
     return tensors
 
 
-def write_safetensors(path: str, tensors: dict[str, np.ndarray]) -> None:
-    """Writes numpy arrays as one .safetensors file (readable by HF `safetensors`)."""
+def write_safetensors(path: str, tensors: dict[str, np.ndarray],
+                      metadata: dict[str, str] | None = None) -> None:
+    """Writes numpy arrays as one .safetensors file (readable by HF `safetensors`), with the
+    string map ``metadata`` as its ``__metadata__`` (e.g. ``{"format": "pt"}``) if given."""
     header, chunks, offset = {}, [], 0
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     for name in sorted(tensors):
         array = np.ascontiguousarray(tensors[name])
         raw = array.tobytes()
@@ -267,6 +273,135 @@ def load_hf_checkpoint(directory: str, dtype=np.float32) -> tuple[Qwen2Config, d
         tensors.update(read_safetensors(os.path.join(directory, name)))
     source = os.path.join(directory, files[0]) if len(files) == 1 else directory
     return config, params_from_hf_tensors(tensors, config, dtype, source)
+
+
+# Files a Hugging Face model folder may hold: save_hf_model replaces only such a folder.
+_HF_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+             "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json",
+             "chat_template.jinja", "model.safetensors.index.json", "README.md")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+EXPORT_METADATA = "fresh_rl_export.json"
+
+
+def _is_hf_model_folder(directory: str) -> bool:
+    """Whether ``directory`` holds a config.json and safetensors weights and only files a
+    Hugging Face model folder holds (no subfolders): the folders save_hf_model may replace."""
+    names = os.listdir(directory)
+    if "config.json" not in names or not any(n.endswith(".safetensors") for n in names):
+        return False
+    return all(os.path.isfile(os.path.join(directory, n)) and
+               (n in _HF_FILES or n == EXPORT_METADATA or n.endswith(".safetensors"))
+               for n in names)
+
+
+def hf_config_dict(config: Qwen2Config, token_ids: dict | None = None,
+                   dtype: str = "float32") -> dict:
+    """config.json of ``config`` as transformers (>= 5) writes a Qwen2ForCausalLM's, with the
+    fields :func:`config_from_hf` reads; ``token_ids``: bos / eos / pad token ids."""
+    token_ids = token_ids or {}
+    return {
+        "architectures": ["Qwen2ForCausalLM"],
+        "attention_dropout": 0.0,
+        "bos_token_id": token_ids.get("bos_token_id"),
+        "dtype": dtype,
+        "eos_token_id": token_ids.get("eos_token_id"),
+        "hidden_act": "silu",
+        "hidden_size": config.hidden_size,
+        "initializer_range": 0.02,
+        "intermediate_size": config.intermediate_size,
+        "layer_types": ["full_attention"] * config.num_hidden_layers,
+        "max_position_embeddings": config.max_position_embeddings,
+        "max_window_layers": config.num_hidden_layers,
+        "model_type": "qwen2",
+        "num_attention_heads": config.num_attention_heads,
+        "num_hidden_layers": config.num_hidden_layers,
+        "num_key_value_heads": config.num_key_value_heads,
+        "pad_token_id": token_ids.get("pad_token_id"),
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_parameters": {"rope_theta": config.rope_theta, "rope_type": "default"},
+        "sliding_window": None,
+        "tie_word_embeddings": config.tie_word_embeddings,
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": config.vocab_size,
+    }
+
+
+def _token_ids(tokenizer_dir: str) -> tuple[dict, dict]:
+    """(config.json token ids, generation_config.json token ids) for a model speaking the
+    tokenizer of ``tokenizer_dir``: that folder's own files' where it has them (a model
+    folder), else the tokenizer's eos / pad / bos (generation stops at eos and pad)."""
+    from fresh_rl.llm.tokenizer import HFTokenizer
+
+    fields = ("bos_token_id", "eos_token_id", "pad_token_id")
+    tok = HFTokenizer.from_pretrained(tokenizer_dir)
+    model = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id,
+             "pad_token_id": tok.pad_id}
+    generation = {**model, "eos_token_id": list(dict.fromkeys([tok.eos_id, tok.pad_id]))}
+    for name, ids in (("config.json", model), ("generation_config.json", generation)):
+        path = os.path.join(tokenizer_dir, name)
+        if os.path.exists(path):
+            found = _read_json(path, name)
+            if isinstance(found, dict):
+                ids.update({f: found[f] for f in fields if f in found})
+    return model, generation
+
+
+def save_hf_model(directory: str, config: Qwen2Config, params: dict, tokenizer_dir: str,
+                  metadata: dict | None = None) -> str:
+    """Writes ``params`` of ``config`` as a Hugging Face Qwen2ForCausalLM folder that
+    :func:`load_hf_model` (every experiment's ``--model PATH``) and transformers'
+    ``from_pretrained`` read: config.json (:func:`hf_config_dict`), model.safetensors
+    (float32, HF names), generation_config.json, and tokenizer.json / tokenizer_config.json
+    copied from ``tokenizer_dir`` (token ids: :func:`_token_ids`). ``metadata`` (JSON) goes
+    to ``EXPORT_METADATA`` beside them (transformers ignores it).
+
+    Atomic: written to a temporary folder beside ``directory`` and renamed into place, so a
+    reader sees the old folder or the new one, never a partial one. An existing
+    ``directory`` is replaced only if it is empty or a model folder (:func:`_is_hf_model_folder`);
+    anything else raises ``FileExistsError``. Returns ``directory``."""
+    directory = os.path.abspath(directory)
+    if os.path.exists(directory) and not (os.path.isdir(directory) and (
+            not os.listdir(directory) or _is_hf_model_folder(directory))):
+        raise FileExistsError(f"{directory} exists and is not a Hugging Face model folder: "
+                              "refusing to overwrite it")
+    for name in TOKENIZER_FILES:
+        if not os.path.isfile(os.path.join(tokenizer_dir, name)):
+            raise FileNotFoundError(f"{tokenizer_dir} lacks {name} (save_hf_model copies the "
+                                    "tokenizer from it)")
+    tensors = {k: np.asarray(v, np.float32) for k, v in params_to_hf_tensors(params, config).items()}
+    if not all(np.isfinite(t).all() for t in tensors.values()):
+        raise ValueError(f"refusing to save non-finite parameters to {directory}")
+    model_ids, generation_ids = _token_ids(tokenizer_dir)
+    parent = os.path.dirname(directory)
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.tmp-", dir=parent)
+    try:
+        write_safetensors(os.path.join(staging, "model.safetensors"), tensors,
+                          metadata={"format": "pt"})
+        files = {"config.json": hf_config_dict(config, model_ids),
+                 "generation_config.json": {"_from_model_config": True, **generation_ids,
+                                            "use_cache": True}}
+        if metadata is not None:
+            files[EXPORT_METADATA] = metadata
+        for name, content in files.items():
+            with open(os.path.join(staging, name), "w") as f:
+                json.dump(content, f, indent=2)
+                f.write("\n")
+        for name in TOKENIZER_FILES:
+            shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(staging, name))
+        os.chmod(staging, 0o755)
+        if os.path.exists(directory):  # two renames: the old folder moves aside, then goes
+            retired = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.old-", dir=parent)
+            os.rename(directory, os.path.join(retired, "old"))
+            os.rename(staging, directory)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            os.rename(staging, directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return directory
 
 
 def add_model_flag(parser) -> None:

@@ -81,6 +81,14 @@ PRESETS: dict[str, Qwen2Config] = {
                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                         max_position_embeddings=1024, rope_theta=10000.0, rms_norm_eps=1e-6,
                         tie_word_embeddings=True),
+    # The BPE warm start's model (experiments/llm_warm_start.py --scale bpe): the BPE stand-in's
+    # vocabulary (tests/fixtures/qwen2_bpe_tiny, 704 rows) and GQA (4 heads / 2 KV heads) at
+    # 4.9M parameters, sized by measurement to train in ~40 min on 2 CPU cores
+    # (results/llm_warm_start_bpe/sizing.md).
+    "bpe-5m": Qwen2Config(vocab_size=704, hidden_size=256, intermediate_size=768,
+                          num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+                          max_position_embeddings=1024, rope_theta=10000.0, rms_norm_eps=1e-6,
+                          tie_word_embeddings=True),
     # Qwen2.5-0.5B (values of its published config.json).
     "qwen2.5-0.5b": Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864,
                                 num_hidden_layers=24, num_attention_heads=14,

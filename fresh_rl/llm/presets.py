@@ -9,7 +9,8 @@ an editable install.
 * :data:`WARM_START`, :data:`ARITHMETIC_WARM_START` — the committed tiny-model checkpoints
   (``experiments/llm_warm_start.py``, multi-task and arithmetic-specialised).
 * :data:`TASKS`, :data:`CYCLE`, :data:`SPECIALIZE` — the warm start's task settings, its task
-  cycle and the arithmetic specialisation.
+  cycle and the arithmetic specialisation; :data:`BPE_TASKS`, :data:`BPE_CYCLE` — those of
+  the BPE warm start (``--scale bpe``).
 * :class:`OldLogitsScale` / :data:`OLD_LOGITS_SCALES` — ``experiments/old_logits.py``
   (arXiv 2605.12070) and ``experiments/llm_rl_probe.py``.
 * :class:`FreshPERScale` / :data:`FRESHPER_SCALES`, :data:`SYNC`, :func:`freshper_methods` —
@@ -28,7 +29,8 @@ from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm import replay_trainer as rt
 from fresh_rl.llm.model import preset
 from fresh_rl.llm.old_logits import BUILTIN_ROUTES
-from fresh_rl.llm.tasks import ArithmeticTask, FrozenLakeTask, SearchQATask, SokobanTask
+from fresh_rl.llm.tasks import (ArithmeticTask, CountdownTask, FrozenLakeTask, SearchQATask,
+                                SokobanTask)
 from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.llm.trainer import RLConfig
 from fresh_rl.llm.warm_start import WarmStartConfig
@@ -63,6 +65,16 @@ TASKS = {
 # every 6 steps, the grid tasks 1 each (our choice: with a uniform cycle and all 4900 names,
 # search QA stayed at 0 success; the tiny model copies 4-letter random names imprecisely).
 CYCLE = ("arithmetic", "search_qa", "frozenlake", "arithmetic", "search_qa", "sokoban")
+# The BPE warm start (experiments/llm_warm_start.py --scale bpe; issue 19): the tasks of TASKS
+# speaking the BPE stand-in's tokenizer (with_vocab at run time) plus Countdown at its default
+# knobs (3 numbers in 1..9). Our choices, from a 200-step pilot of the bpe-5m model
+# (results/llm_warm_start_bpe/sizing.md): arithmetic stays at 1 digit (at 2 digits it
+# answered 0.016 of the prompts after 200 steps, while the grid tasks and search QA were at
+# 0.27-0.41 after a sixth or a third of them), and the cycle gives the two arithmetic-skill
+# tasks 3 of every 9 steps each, the fast learners (search QA, the grids) 1 each.
+BPE_TASKS = {**TASKS, "countdown": CountdownTask(num_count=3, max_number=9)}
+BPE_CYCLE = ("arithmetic", "countdown", "search_qa", "arithmetic", "countdown", "frozenlake",
+             "arithmetic", "countdown", "sokoban")
 # Arithmetic specialisation: (rounds, per-round config, seed); our choice, from a probe in which
 # 250-step rounds at batch 32 raised temperature-1 success from 0.02 to 0.19 in two rounds.
 SPECIALIZE = {"arithmetic": (2, WarmStartConfig(steps=250, batch_size=32, learning_rate=2e-3,
@@ -240,7 +252,7 @@ FRESHPER_SCALES = {
         model="qwen2.5-0.5b"),
 }
 
-__all__ = ["ARITHMETIC_WARM_START", "CYCLE", "FRESHPER_RL", "FRESHPER_SCALES", "FreshPERScale",
+__all__ = ["ARITHMETIC_WARM_START", "BPE_CYCLE", "BPE_TASKS", "CYCLE", "FRESHPER_RL", "FRESHPER_SCALES", "FreshPERScale",
            "OLD_LOGITS_RL", "OLD_LOGITS_SCALES", "OldLogitsScale", "QWEN2_5_1_5B", "RESULTS",
            "SPECIALIZE", "SYNC", "TASKS", "WARM_START", "char_task_for", "freshper_methods",
            "load_params"]

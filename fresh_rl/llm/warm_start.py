@@ -6,6 +6,11 @@ fixed dataset to overfit. Training cycles through the tasks (one task per step),
 model for all tasks (a `cycle` can weight the tasks). Evaluation samples with the bf16
 inference engine at temperature 1 (the RL behaviour policy) and reports the task's verifiable
 success rate.
+
+Long runs: ``warm_start(..., every=, on_every=)`` calls back periodically (evaluate with a
+compiled-once :func:`make_evaluator`, checkpoint with :func:`save_state`), resumes from a
+saved state (``opt_state=``, ``start_step=``; :func:`load_state`), and
+:func:`select_checkpoint` picks the periodic checkpoint whose success lies closest to a band.
 """
 from __future__ import annotations
 
@@ -88,16 +93,25 @@ def make_train_step(model_config: Qwen2Config, optimizer: optax.GradientTransfor
 def evaluate(params, model_config: Qwen2Config, env, key, episodes: int,
              temperature: float = 1.0) -> dict[str, float]:
     """Success rate, mean return and format-ok fraction of the LM policy on `env`."""
+    return make_evaluator(model_config, env, episodes, temperature)(params, key)
+
+
+def make_evaluator(model_config: Qwen2Config, env, episodes: int, temperature: float = 1.0):
+    """`(params, key) -> metrics` of :func:`evaluate`, compiled once for repeated
+    evaluations (e.g. periodic ones during training) instead of once per call."""
     sampling = SamplingConfig(max_new_tokens=env.action_len, temperature=temperature,
                               stop_tokens=env.stop_tokens, pad_id=env.pad_id)
-    result = jax.jit(lambda p, k: run_episodes(env, model_policy(p, model_config, sampling), k,
-                                               episodes))(params, key)
+    play = jax.jit(lambda p, k: run_episodes(env, model_policy(p, model_config, sampling), k,
+                                             episodes))
+    score = jax.jit(lambda p, tokens, mask: token_logprobs_and_entropy(
+        p, model_config, tokens, mask, temperature=temperature if temperature > 0 else 1.0)[0])
+    return lambda params, key: _metrics(play(params, key), score, params)
+
+
+def _metrics(result, score, params) -> dict[str, float]:
     played = np.asarray(result.turn_mask)
     # Train-inference discrepancy on the sampled action tokens: log r_d = log pi_fp32 - log pi_bf16.
-    train_logp, _ = jax.jit(token_logprobs_and_entropy, static_argnums=1,
-                            static_argnames="temperature")(params, model_config, result.tokens,
-                                                           result.mask, temperature=temperature
-                                                           if temperature > 0 else 1.0)
+    train_logp = score(params, result.tokens, result.mask)
     acted = np.asarray(result.action_mask)
     log_rd = np.abs(np.asarray(train_logp - result.behaviour_log_probs))[acted]
     return {"success": float(np.mean(result.success)),
@@ -159,11 +173,62 @@ def restore_params(directory: str, model_config: Qwen2Config):
     return stack_layers(params) if per_layer else params
 
 
+def save_state(path: str, params, opt_state, meta: dict) -> None:
+    """The training state (parameters, optimizer state, JSON ``meta`` with the step) as one
+    .npz, written to a temporary file and renamed (a reader sees the old state or the new)."""
+    leaves = jax.tree_util.tree_leaves((params, opt_state))
+    arrays = {f"leaf_{i:05d}": np.asarray(x) for i, x in enumerate(leaves)}
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, path)
+
+
+def load_state(path: str, template) -> tuple[tuple, dict]:
+    """``((params, opt_state), meta)`` saved by :func:`save_state`, shaped as ``template``;
+    ValueError naming the file if it holds another model's state."""
+    leaves, treedef = jax.tree_util.tree_flatten(template)
+    with np.load(path) as data:
+        meta = json.loads(bytes(data["meta"]).decode())
+        stored = [data[f"leaf_{i:05d}"] for i in range(sum(k.startswith("leaf_")
+                                                               for k in data.files))]
+    if len(stored) != len(leaves) or any(a.shape != b.shape or a.dtype != b.dtype
+                                         for a, b in zip(stored, leaves)):
+        raise ValueError(f"{path} holds the training state of another model or optimizer: "
+                         "start over (experiments: --fresh)")
+    return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(x) for x in stored]), meta
+
+
+def select_checkpoint(evals: list[dict], band: tuple[float, float]) -> tuple[int, float]:
+    """(step, distance) of the chosen periodic checkpoint: the one whose success rates are
+    closest to ``band`` (distance: sum over tasks of how far each lies below band[0] or above
+    band[1]; 0 when every task is inside), the latest among equally close ones. So: the last
+    checkpoint at which every task is within the band, if there is one."""
+    steps = sorted({row["step"] for row in evals})
+    lo, hi = band
+
+    def distance(step):
+        return sum(max(0.0, lo - r["success"]) + max(0.0, r["success"] - hi)
+                   for r in evals if r["step"] == step)
+
+    best = min(steps, key=lambda step: (round(distance(step), 9), -step))
+    return best, distance(best)
+
+
 def warm_start(model_config: Qwen2Config, tasks: dict[str, Any], config: WarmStartConfig,
                key, log: Callable[[str], None] = print, params=None,
-               cycle: Sequence[str] | None = None):
+               cycle: Sequence[str] | None = None, *, opt_state=None, start_step: int = 0,
+               every: int = 0, on_every: Callable[[int, Any, Any, list], None] | None = None):
     """Trains on expert episodes of `tasks`, step i on task `cycle[i % len(cycle)]` (default:
-    each task once per cycle, in dict order). Returns (params, history)."""
+    each task once per cycle, in dict order). Returns (params, history).
+
+    Resuming: ``start_step`` > 0 continues a run interrupted after that many steps from its
+    ``params`` and ``opt_state`` (which holds the schedule's step count); step i's episodes
+    depend only on ``key`` and i, so the resumed run trains on the same data as an
+    uninterrupted one. ``on_every(steps_done, params, opt_state, history)`` is called after
+    every ``every``-th step (e.g. to evaluate and checkpoint); ``history`` holds this call's
+    rows."""
     names = list(cycle or tasks)
     unknown = sorted(set(names) - set(tasks))
     if unknown:
@@ -172,14 +237,19 @@ def warm_start(model_config: Qwen2Config, tasks: dict[str, Any], config: WarmSta
         check_model_vocab(env, model_config)
     k_init, k_data = jax.random.split(key)
     params = init_params(model_config, k_init) if params is None else params
+    if not 0 <= start_step <= config.steps:
+        raise ValueError(f"warm_start start_step must be in [0, steps={config.steps}], "
+                         f"got {start_step}")
+    if start_step and opt_state is None:
+        raise ValueError("warm_start: resuming (start_step > 0) needs the run's opt_state")
     optimizer = make_optimizer(config)
-    opt_state = optimizer.init(params)
+    opt_state = optimizer.init(params) if opt_state is None else opt_state
     train_step = make_train_step(model_config, optimizer)
     demos = {name: jax.jit(lambda k, env=env: run_episodes(env, expert_policy(env), k,
                                                            config.batch_size))
              for name, env in tasks.items()}
     history, start = [], time.time()
-    for step in range(config.steps):
+    for step in range(start_step, config.steps):
         name = names[step % len(names)]
         episodes = demos[name](jax.random.fold_in(k_data, step))
         params, opt_state, metrics = train_step(params, opt_state, episodes.tokens,
@@ -191,4 +261,6 @@ def warm_start(model_config: Qwen2Config, tasks: dict[str, Any], config: WarmSta
             history.append(row)
             log(f"step {step:5d} {name:10s} loss {row['loss']:.3f} "
                 f"p(token) {row['mean_token_prob']:.3f} t={row['seconds']:.0f}s")
+        if on_every is not None and every > 0 and (step + 1) % every == 0:
+            on_every(step + 1, params, opt_state, history)
     return params, history
