@@ -13,6 +13,8 @@ an editable install.
   the BPE warm start (``--scale bpe``).
 * :class:`OldLogitsScale` / :data:`OLD_LOGITS_SCALES` — ``experiments/old_logits.py``
   (arXiv 2605.12070) and ``experiments/llm_rl_probe.py``.
+* :class:`RLGainScale` / :data:`RL_GAIN_SCALES` — ``experiments/llm_rl_gain.py`` (does RL
+  raise held-out success from the BPE warm start :data:`BPE_WARM_START`?).
 * :class:`FreshPERScale` / :data:`FRESHPER_SCALES`, :data:`SYNC`, :func:`freshper_methods` —
   ``experiments/freshper.py`` (arXiv 2604.16918).
 * :func:`load_params` — ``(model_config, params)`` of a preset model.
@@ -168,6 +170,49 @@ OLD_LOGITS_SCALES = {
         segment_tokens=32, eval_episodes=1024),
 }
 
+# --------------------------------------------------------------------------- RL gain
+
+BPE_WARM_START = str(RESULTS / "llm_warm_start_bpe" / "model")
+BPE_STANDIN = str(REPOSITORY_ROOT / "tests" / "fixtures" / "qwen2_bpe_tiny")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLGainScale:
+    """One scale of ``experiments/llm_rl_gain.py`` (issue 19: does RL raise *held-out*
+    success from the warm start?): synchronous GRPO (the pipeline at staleness window 1,
+    snapshot old logits) from the Hugging Face folder ``model`` on each of ``tasks``
+    (:data:`BPE_TASKS`, speaking the folder's tokenizer) for ``iterations`` iterations ×
+    ``seeds`` seeds; the warm start and the final policy are scored on the same
+    ``eval_episodes`` held-out episodes. No KL term (the trainer has none; our choice, as
+    DAPO-style GRPO)."""
+
+    model: str
+    rl: RLConfig
+    tasks: tuple[str, ...]
+    seeds: int
+    iterations: int
+    eval_episodes: int
+    checkpoint_every: int = 10
+
+
+# Our choice before the probe (results/llm_rl_gain/README.md records the probe): 8 prompts × 8
+# rollouts = 64 episodes per iteration, one epoch, the decoupled PPO loss (at window 1 with
+# snapshots its proximal policy is the acting one: PPO-clip on fresh data).
+RL_GAIN_RL = RLConfig(estimator="grpo", num_groups=8, group_size=8, learning_rate=1e-4,
+                      loss="decoupled")
+RL_GAIN_SCALES = {
+    # the test suite: the random-weight stand-in, 2 iterations of 2 prompts × 4 rollouts
+    "ci": RLGainScale(model=BPE_STANDIN, rl=dataclasses.replace(RL_GAIN_RL, num_groups=2, group_size=4),
+                      tasks=("arithmetic",), seeds=2, iterations=2, eval_episodes=16,
+                      checkpoint_every=1),
+    "cpu": RLGainScale(model=BPE_WARM_START, rl=RL_GAIN_RL, tasks=tuple(BPE_TASKS), seeds=5,
+                       iterations=60, eval_episodes=512),
+    # one GPU, a real checkpoint (--model): the old-logit paper scale's batch and learning rate
+    "paper": RLGainScale(model="", rl=dataclasses.replace(RL_GAIN_RL, num_groups=64, learning_rate=1e-6,
+                                                          minibatches=4, remat=True),
+                         tasks=tuple(BPE_TASKS), seeds=5, iterations=200, eval_episodes=1024),
+}
+
 # --------------------------------------------------------------------------- FreshPER
 
 # REINFORCE++ as the paper (batch normalisation, whitening, clip 2 as ROLL's
@@ -252,7 +297,8 @@ FRESHPER_SCALES = {
         model="qwen2.5-0.5b"),
 }
 
-__all__ = ["ARITHMETIC_WARM_START", "BPE_CYCLE", "BPE_TASKS", "CYCLE", "FRESHPER_RL", "FRESHPER_SCALES", "FreshPERScale",
-           "OLD_LOGITS_RL", "OLD_LOGITS_SCALES", "OldLogitsScale", "QWEN2_5_1_5B", "RESULTS",
+__all__ = ["ARITHMETIC_WARM_START", "BPE_CYCLE", "BPE_STANDIN", "BPE_TASKS", "BPE_WARM_START", "CYCLE", "FRESHPER_RL", "FRESHPER_SCALES", "FreshPERScale",
+           "OLD_LOGITS_RL", "OLD_LOGITS_SCALES", "OldLogitsScale", "QWEN2_5_1_5B", "RESULTS", "RL_GAIN_RL",
+           "RL_GAIN_SCALES", "RLGainScale",
            "SPECIALIZE", "SYNC", "TASKS", "WARM_START", "char_task_for", "freshper_methods",
            "load_params"]

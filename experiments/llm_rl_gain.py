@@ -1,0 +1,186 @@
+"""Does RL raise held-out success from the BPE warm start? GRPO per task × seed, before and after.
+
+For each task of the scale (``fresh_rl.llm.presets.RL_GAIN_SCALES``) and each seed: synchronous
+GRPO from the Hugging Face folder (the pipeline at staleness window 1 with snapshot old logits,
+so every episode is scored against its acting version), ``iterations`` iterations of
+``num_groups`` prompts × ``group_size`` rollouts on fresh prompts. Then the warm start and the
+final policy are scored on the same ``eval_episodes`` held-out episodes (prompts and sampling
+keys of ``fresh_rl.llm.evaluation.EVAL_SEED``, disjoint from the training keys; bf16 sampler at
+temperature 1): a paired comparison. Gain = after − before per seed; ``gain.csv`` has the seed
+mean with its 95% bootstrap interval per task, ``curves.csv`` the training success per iteration,
+and ``throughput.csv`` episodes/s and generated tokens/s of the RL iteration in steady state
+(median iteration time, the first iteration's compilation and the evaluation excluded).
+
+Resumable: a finished run is ``runs/<task>_seed<s>.json``; a running one checkpoints every
+``checkpoint_every`` iterations (``checkpoints/``) and restarts from there.
+
+  python experiments/llm_rl_gain.py --scale ci                  # the stand-in, 2 iterations (tests)
+  python experiments/llm_rl_gain.py --scale cpu                 # results/llm_rl_gain
+  python experiments/llm_rl_gain.py --scale cpu --task countdown --lr 3e-4 --iterations 30 \\
+      --seeds 1 --out /tmp/probe                               # one probe cell
+  python experiments/llm_rl_gain.py --scale paper --model PATH  # a real checkpoint, one GPU
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import time
+
+import numpy as np
+
+from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
+from fresh_rl.eval import seed_interval
+from fresh_rl.llm import async_pipeline as ap
+from fresh_rl.llm.checkpoint import add_model_flag, load_hf_model
+from fresh_rl.llm.evaluation import evaluate_policies
+from fresh_rl.llm.presets import BPE_TASKS, RESULTS, RL_GAIN_SCALES, RLGainScale
+from fresh_rl.llm.tasks.vocab import with_vocab
+from fresh_rl.provenance import provenance, write_csv
+from fresh_rl.sweep.checkpoint import RunCheckpointer
+from fresh_rl.sweep.integrity import tree_checksum
+
+SYNCHRONOUS = ap.AsyncConfig(staleness_window=1, old_logit_route="snapshot")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskRun:
+    """What :func:`fresh_rl.llm.evaluation.evaluate_policies` reads: one task of a scale."""
+
+    rl: object
+    env: object
+    eval_episodes: int
+
+
+def held_out_success(scale: RLGainScale, env, model_config, params) -> float:
+    """Success on the scale's held-out episodes (``EVAL_SEED``: the same for every policy)."""
+    (row,) = evaluate_policies(TaskRun(scale.rl, env, scale.eval_episodes), model_config, {"policy": params})
+    return row["success"]
+
+
+def run_one(scale: RLGainScale, task: str, env, seed: int, params, model_config, out: str,
+            before: float) -> dict:
+    """One GRPO run on ``task`` from ``params`` (held-out success ``before``); returns (and
+    writes) its record. The steady iteration time excludes the first iteration (compilation)."""
+    name = f"{task}_seed{seed}"
+    key = fingerprint(scale, env, seed, tree_checksum(params))
+    path = os.path.join(out, "runs", name + ".json")
+    if os.path.exists(path):
+        with open(path) as f:
+            record = json.load(f)
+        if record["fingerprint"] == key:
+            print(f"[resume] {name}: loaded", flush=True)
+            return record
+    folder = os.path.join(out, "checkpoints", name)
+    stamps = []
+    start = time.perf_counter()
+    state, history = ap.train_loop(scale.rl, SYNCHRONOUS, seed, scale.iterations, params=params, env=env,
+                                   model_config=model_config, window=1,
+                                   checkpointer=RunCheckpointer(folder, fingerprint=key),
+                                   checkpoint_every=scale.checkpoint_every,
+                                   log=lambda i, metrics: stamps.append(time.perf_counter()))
+    train_seconds = time.perf_counter() - start
+    after = held_out_success(scale, env, model_config, state.train.params)
+    episodes = scale.iterations * scale.rl.batch_size
+    record = {"task": task, "seed": seed, "fingerprint": key, "before": before, "after": after,
+              "gain": after - before, "iterations": scale.iterations, "episodes": episodes,
+              "train_seconds": train_seconds,
+              "steady_seconds_per_iteration": float(np.median(np.diff(stamps))) if len(stamps) > 1 else None,
+              "generated_tokens_per_episode": float(np.mean(history["response_tokens"])),
+              "train_success": [float(x) for x in history["success_rate"]]}
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f)
+    os.replace(path + ".tmp", path)
+    shutil.rmtree(folder, ignore_errors=True)  # the run is saved; its resume state is not needed
+    if not os.listdir(os.path.dirname(folder)):
+        os.rmdir(os.path.dirname(folder))
+    print(f"{name}: held-out success {record['before']:.3f} -> {record['after']:.3f} "
+          f"({episodes} episodes, {train_seconds:.0f} s)", flush=True)
+    return record
+
+
+def fingerprint(scale: RLGainScale, env, seed: int, params_checksum: str) -> str:
+    """What a saved run must match to be reused: the RL settings, budget, evaluation size,
+    task, seed and initial weights (not the scale's other tasks or seed count)."""
+    return repr((scale.rl, scale.iterations, scale.eval_episodes, env, seed, params_checksum))
+
+
+def summarize(records: list[dict], reps: int = 2000) -> list[dict]:
+    """Per task: the seed-mean held-out success before / after and the gain with its 95%
+    bootstrap interval over seeds."""
+    rows = []
+    for task in dict.fromkeys(r["task"] for r in records):
+        runs = [r for r in records if r["task"] == task]
+        gain = np.array([r["gain"] for r in runs])
+        mean, low, high = (float(x) for x in seed_interval(gain, reps=reps))
+        seconds = np.array([r["train_seconds"] for r in runs])
+        rows.append({"task": task, "seeds": len(runs), "before": np.mean([r["before"] for r in runs]),
+                     "after": np.mean([r["after"] for r in runs]), "gain": mean, "gain_ci_low": low,
+                     "gain_ci_high": high, "episodes_per_run": runs[0]["episodes"],
+                     "train_minutes_per_run": float(np.mean(seconds)) / 60})
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scale", choices=sorted(RL_GAIN_SCALES), default="ci")
+    add_model_flag(parser)
+    parser.add_argument("--task", action="append", choices=sorted(BPE_TASKS),
+                        help="run only these tasks (repeatable; default: the scale's)")
+    parser.add_argument("--lr", type=float, default=None, help="learning rate (default: the scale's)")
+    parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument("--iterations", type=int, default=None)
+    parser.add_argument("--seeds", type=int, default=None)
+    parser.add_argument("--out", default=None, help="output folder (default results/llm_rl_gain[_ci])")
+    add_compilation_cache_flag(parser)
+    args = parser.parse_args(argv)
+    enable_from_args(args)
+    scale = RL_GAIN_SCALES[args.scale]
+    rl = dataclasses.replace(scale.rl, **{k: v for k, v in (("learning_rate", args.lr), ("epochs", args.epochs))
+                                          if v is not None})
+    scale = dataclasses.replace(scale, rl=rl, model=args.model or scale.model,
+                                tasks=tuple(args.task) if args.task else scale.tasks,
+                                **{k: v for k, v in (("iterations", args.iterations), ("seeds", args.seeds))
+                                   if v is not None})
+    if not scale.model:
+        parser.error(f"--scale {args.scale} needs --model PATH (a Hugging Face folder)")
+    out = args.out or str(RESULTS / ("llm_rl_gain_ci" if args.scale == "ci" else "llm_rl_gain"))
+    os.makedirs(out, exist_ok=True)
+    started = time.perf_counter()
+    model_config, params, vocab = load_hf_model(scale.model)
+    records = []
+    for task in scale.tasks:
+        env = with_vocab(BPE_TASKS[task], vocab)
+        before = held_out_success(scale, env, model_config, params)
+        for seed in range(scale.seeds):
+            records.append(run_one(scale, task, env, seed, params, model_config, out, before))
+    rows = summarize(records)
+    write_csv(os.path.join(out, "gain.csv"), rows)
+    write_csv(os.path.join(out, "curves.csv"), [
+        {"task": r["task"], "seed": r["seed"], "iteration": i, "train_success": s}
+        for r in records for i, s in enumerate(r["train_success"])])
+    write_csv(os.path.join(out, "throughput.csv"), [  # steady state: compilation excluded
+        {"task": r["task"], "seed": r["seed"], "episodes_per_iteration": r["episodes"] // r["iterations"],
+         "seconds_per_iteration": r["steady_seconds_per_iteration"],
+         "episodes_per_s": r["episodes"] / r["iterations"] / r["steady_seconds_per_iteration"],
+         "generated_tokens_per_s": (r["generated_tokens_per_episode"] * r["episodes"] / r["iterations"]
+                                    / r["steady_seconds_per_iteration"])}
+        for r in records if r["steady_seconds_per_iteration"]])
+    info = provenance(command=" ".join(["python experiments/llm_rl_gain.py"]
+                                       + list(argv if argv is not None else sys.argv[1:])), started=started)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump({**info, "scale": args.scale, "model": scale.model, "rl": repr(scale.rl),
+                   "iterations": scale.iterations, "seeds": scale.seeds, "eval_episodes": scale.eval_episodes,
+                   "tasks": {t: repr(BPE_TASKS[t]) for t in scale.tasks}}, f, indent=1)
+    for r in rows:
+        print(f"{r['task']}: held-out {r['before']:.3f} -> {r['after']:.3f}, gain {r['gain']:+.3f} "
+              f"[{r['gain_ci_low']:+.3f}, {r['gain_ci_high']:+.3f}] over {r['seeds']} seeds", flush=True)
+    return rows, records
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""experiments/llm_rl_gain.py: the held-out RL gain per task × seed (issue 19's test bed).
+
+The ci scale runs end to end on the random-weight BPE stand-in (2 seeds × 2 iterations): every
+run records before / after / gain on the same held-out episodes, the table aggregates them, the
+resume state is removed once a run is saved, and a second invocation loads the saved runs.
+``summarize`` is checked against NumPy on synthetic records."""
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from fresh_rl.eval import seed_interval
+
+
+@pytest.fixture(scope="module")
+def ci_study(load_experiment, tmp_path_factory):
+    out = tmp_path_factory.mktemp("rl_gain")
+    module = load_experiment("llm_rl_gain")
+    rows, records = module.main(["--scale", "ci", "--out", str(out)])
+    return module, out, rows, records
+
+
+def test_ci_scale_records_paired_held_out_gains(ci_study):
+    module, out, rows, records = ci_study
+    assert [(r["task"], r["seed"]) for r in records] == [("arithmetic", 0), ("arithmetic", 1)]
+    for r in records:
+        assert r["gain"] == r["after"] - r["before"] and 0.0 <= r["after"] <= 1.0
+        assert r["episodes"] == 2 * 8 and len(r["train_success"]) == 2
+        assert r["steady_seconds_per_iteration"] > 0
+    assert records[0]["before"] == records[1]["before"]  # one warm start, the same episodes
+    (row,) = rows
+    table = list(csv.DictReader(open(out / "gain.csv")))
+    assert len(table) == 1 and int(table[0]["seeds"]) == 2
+    np.testing.assert_allclose(float(table[0]["gain"]), np.mean([r["gain"] for r in records]))
+    assert len(list(csv.DictReader(open(out / "curves.csv")))) == 2 * 2
+    assert len(list(csv.DictReader(open(out / "throughput.csv")))) == 2
+    assert not (out / "checkpoints").exists()  # saved runs drop their resume state
+
+
+def test_second_invocation_loads_the_saved_runs(ci_study, capsys):
+    module, out, _, records = ci_study
+    stamps = {p.name: p.stat().st_mtime_ns for p in (out / "runs").iterdir()}
+    _, again = module.main(["--scale", "ci", "--out", str(out)])
+    assert capsys.readouterr().out.count("[resume]") == 2
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "runs").iterdir()} == stamps
+    assert again == records
+    assert json.load(open(out / "runs" / "arithmetic_seed0.json"))["fingerprint"] == records[0]["fingerprint"]
+
+
+def test_summarize_matches_numpy(load_experiment):
+    module = load_experiment("llm_rl_gain")
+    rng = np.random.default_rng(0)
+    records = [{"task": t, "seed": s, "before": b, "after": b + g, "gain": g, "episodes": 64,
+                "train_seconds": 60.0 * (s + 1)}
+               for t in ("countdown", "sokoban") for s, (b, g) in enumerate(rng.uniform(0, 0.3, (5, 2)))]
+    rows = module.summarize(records, reps=500)
+    assert [r["task"] for r in rows] == ["countdown", "sokoban"]
+    for row in rows:
+        gains = np.array([r["gain"] for r in records if r["task"] == row["task"]])
+        mean, low, high = seed_interval(gains, reps=500)
+        np.testing.assert_allclose([row["gain"], row["gain_ci_low"], row["gain_ci_high"]], [mean, low, high])
+        assert row["seeds"] == 5 and row["train_minutes_per_run"] == pytest.approx(3.0)
