@@ -11,8 +11,11 @@ mean with its 95% bootstrap interval per task, ``curves.csv`` the training succe
 and ``throughput.csv`` episodes/s and generated tokens/s of the RL iteration in steady state
 (median iteration time, the first iteration's compilation and the evaluation excluded).
 
-Resumable: a finished run is ``runs/<task>_seed<s>.json``; a running one checkpoints every
-``checkpoint_every`` iterations (``checkpoints/``) and restarts from there.
+Resumable: a finished run is ``runs/<task>_lr<lr>_ep<epochs>_it<iterations>_seed<s>.json``; a
+running one checkpoints every ``checkpoint_every`` iterations (``checkpoints/``) and restarts
+from there. The tables cover every saved run of the output folder, one row per setting (task,
+learning rate, epochs, iterations), so the probe's cells (``--lr``, ``--epochs``,
+``--iterations``, ``--seeds 1``) and the study's runs share one folder.
 
   python experiments/llm_rl_gain.py --scale ci                  # the stand-in, 2 iterations (tests)
   python experiments/llm_rl_gain.py --scale cpu                 # results/llm_rl_gain
@@ -65,7 +68,7 @@ def run_one(scale: RLGainScale, task: str, env, seed: int, params, model_config,
             before: float) -> dict:
     """One GRPO run on ``task`` from ``params`` (held-out success ``before``); returns (and
     writes) its record. The steady iteration time excludes the first iteration (compilation)."""
-    name = f"{task}_seed{seed}"
+    name = run_name(scale, task, seed)
     key = fingerprint(scale, env, seed, tree_checksum(params))
     path = os.path.join(out, "runs", name + ".json")
     if os.path.exists(path):
@@ -85,7 +88,8 @@ def run_one(scale: RLGainScale, task: str, env, seed: int, params, model_config,
     train_seconds = time.perf_counter() - start
     after = held_out_success(scale, env, model_config, state.train.params)
     episodes = scale.iterations * scale.rl.batch_size
-    record = {"task": task, "seed": seed, "fingerprint": key, "before": before, "after": after,
+    record = {"task": task, "seed": seed, "learning_rate": scale.rl.learning_rate, "epochs": scale.rl.epochs,
+              "fingerprint": key, "before": before, "after": after,
               "gain": after - before, "iterations": scale.iterations, "episodes": episodes,
               "train_seconds": train_seconds,
               "steady_seconds_per_iteration": float(np.median(np.diff(stamps))) if len(stamps) > 1 else None,
@@ -103,22 +107,31 @@ def run_one(scale: RLGainScale, task: str, env, seed: int, params, model_config,
     return record
 
 
+def run_name(scale: RLGainScale, task: str, seed: int) -> str:
+    """A run's file name: task, the probed settings (learning rate, epochs, iterations), seed."""
+    return f"{task}_lr{scale.rl.learning_rate:g}_ep{scale.rl.epochs}_it{scale.iterations}_seed{seed}"
+
+
 def fingerprint(scale: RLGainScale, env, seed: int, params_checksum: str) -> str:
     """What a saved run must match to be reused: the RL settings, budget, evaluation size,
     task, seed and initial weights (not the scale's other tasks or seed count)."""
     return repr((scale.rl, scale.iterations, scale.eval_episodes, env, seed, params_checksum))
 
 
+SETTING = ("task", "learning_rate", "epochs", "iterations")
+
+
 def summarize(records: list[dict], reps: int = 2000) -> list[dict]:
-    """Per task: the seed-mean held-out success before / after and the gain with its 95%
-    bootstrap interval over seeds."""
+    """Per setting (task, learning rate, epochs, iterations): the seed-mean held-out success
+    before / after and the gain with its 95% bootstrap interval over seeds."""
     rows = []
-    for task in dict.fromkeys(r["task"] for r in records):
-        runs = [r for r in records if r["task"] == task]
+    for setting in dict.fromkeys(tuple(r[k] for k in SETTING) for r in records):
+        runs = [r for r in records if tuple(r[k] for k in SETTING) == setting]
         gain = np.array([r["gain"] for r in runs])
         mean, low, high = (float(x) for x in seed_interval(gain, reps=reps))
         seconds = np.array([r["train_seconds"] for r in runs])
-        rows.append({"task": task, "seeds": len(runs), "before": np.mean([r["before"] for r in runs]),
+        rows.append({**dict(zip(SETTING, setting)), "seeds": len(runs),
+                     "before": np.mean([r["before"] for r in runs]),
                      "after": np.mean([r["after"] for r in runs]), "gain": mean, "gain_ci_low": low,
                      "gain_ci_high": high, "episodes_per_run": runs[0]["episodes"],
                      "train_minutes_per_run": float(np.mean(seconds)) / 60})
@@ -158,18 +171,24 @@ def main(argv=None):
         before = held_out_success(scale, env, model_config, params)
         for seed in range(scale.seeds):
             records.append(run_one(scale, task, env, seed, params, model_config, out, before))
-    rows = summarize(records)
+    # the tables cover every saved run of the folder (the probe cells and the study alike)
+    saved = []
+    for name in sorted(os.listdir(os.path.join(out, "runs"))):
+        with open(os.path.join(out, "runs", name)) as f:
+            saved.append(json.load(f))
+    saved.sort(key=lambda r: (tuple(str(r[k]) for k in SETTING), r["seed"]))
+    rows = summarize(saved)
     write_csv(os.path.join(out, "gain.csv"), rows)
     write_csv(os.path.join(out, "curves.csv"), [
-        {"task": r["task"], "seed": r["seed"], "iteration": i, "train_success": s}
-        for r in records for i, s in enumerate(r["train_success"])])
+        {**{k: r[k] for k in SETTING}, "seed": r["seed"], "iteration": i, "train_success": s}
+        for r in saved for i, s in enumerate(r["train_success"])])
     write_csv(os.path.join(out, "throughput.csv"), [  # steady state: compilation excluded
-        {"task": r["task"], "seed": r["seed"], "episodes_per_iteration": r["episodes"] // r["iterations"],
+        {**{k: r[k] for k in SETTING}, "seed": r["seed"], "episodes_per_iteration": r["episodes"] // r["iterations"],
          "seconds_per_iteration": r["steady_seconds_per_iteration"],
          "episodes_per_s": r["episodes"] / r["iterations"] / r["steady_seconds_per_iteration"],
          "generated_tokens_per_s": (r["generated_tokens_per_episode"] * r["episodes"] / r["iterations"]
                                     / r["steady_seconds_per_iteration"])}
-        for r in records if r["steady_seconds_per_iteration"]])
+        for r in saved if r["steady_seconds_per_iteration"]])
     info = provenance(command=" ".join(["python experiments/llm_rl_gain.py"]
                                        + list(argv if argv is not None else sys.argv[1:])), started=started)
     with open(os.path.join(out, "config.json"), "w") as f:
@@ -177,7 +196,7 @@ def main(argv=None):
                    "iterations": scale.iterations, "seeds": scale.seeds, "eval_episodes": scale.eval_episodes,
                    "tasks": {t: repr(BPE_TASKS[t]) for t in scale.tasks}}, f, indent=1)
     for r in rows:
-        print(f"{r['task']}: held-out {r['before']:.3f} -> {r['after']:.3f}, gain {r['gain']:+.3f} "
+        print(f"{r['task']} lr {r['learning_rate']:g} epochs {r['epochs']} × {r['iterations']}: held-out {r['before']:.3f} -> {r['after']:.3f}, gain {r['gain']:+.3f} "
               f"[{r['gain_ci_low']:+.3f}, {r['gain_ci_high']:+.3f}] over {r['seeds']} seeds", flush=True)
     return rows, records
 

@@ -45,19 +45,23 @@ def test_second_invocation_loads_the_saved_runs(ci_study, capsys):
     assert capsys.readouterr().out.count("[resume]") == 2
     assert {p.name: p.stat().st_mtime_ns for p in (out / "runs").iterdir()} == stamps
     assert again == records
-    assert json.load(open(out / "runs" / "arithmetic_seed0.json"))["fingerprint"] == records[0]["fingerprint"]
+    saved = json.load(open(out / "runs" / "arithmetic_lr0.0001_ep1_it2_seed0.json"))
+    assert saved["fingerprint"] == records[0]["fingerprint"]
 
 
 def test_summarize_matches_numpy(load_experiment):
     module = load_experiment("llm_rl_gain")
     rng = np.random.default_rng(0)
-    records = [{"task": t, "seed": s, "before": b, "after": b + g, "gain": g, "episodes": 64,
-                "train_seconds": 60.0 * (s + 1)}
-               for t in ("countdown", "sokoban") for s, (b, g) in enumerate(rng.uniform(0, 0.3, (5, 2)))]
+    records = [{"task": t, "learning_rate": lr, "epochs": 1, "iterations": 40, "seed": s, "before": b,
+                "after": b + g, "gain": g, "episodes": 64, "train_seconds": 60.0 * (s + 1)}
+               for t in ("countdown", "sokoban") for lr in (1e-4, 3e-4)
+               for s, (b, g) in enumerate(rng.uniform(0, 0.3, (5, 2)))]
     rows = module.summarize(records, reps=500)
-    assert [r["task"] for r in rows] == ["countdown", "sokoban"]
+    assert [(r["task"], r["learning_rate"]) for r in rows] == [
+        ("countdown", 1e-4), ("countdown", 3e-4), ("sokoban", 1e-4), ("sokoban", 3e-4)]
     for row in rows:
-        gains = np.array([r["gain"] for r in records if r["task"] == row["task"]])
+        gains = np.array([r["gain"] for r in records
+                          if (r["task"], r["learning_rate"]) == (row["task"], row["learning_rate"])])
         mean, low, high = seed_interval(gains, reps=500)
         np.testing.assert_allclose([row["gain"], row["gain_ci_low"], row["gain_ci_high"]], [mean, low, high])
         assert row["seeds"] == 5 and row["train_minutes_per_run"] == pytest.approx(3.0)
