@@ -369,8 +369,9 @@ def bpe_warm_start(scale_name: str, out: str | None, seed: int, fresh: bool, arg
             return None
     step, distance = select_checkpoint(meta["evals"], BAND)
     chosen = [r for r in meta["evals"] if r["step"] == step]
-    rule = (f"the latest periodic checkpoint closest to success in [{BAND[0]}, {BAND[1]}] on "
-            "every task (distance = sum of each task's shortfall below / excess above the band)")
+    rule = (f"the last periodic checkpoint at which every task's success is in [{BAND[0]}, "
+            f"{BAND[1]}], else the final one (distance to the band: the sum of each task's "
+            "shortfall below / excess above it)")
     _, chosen_params, _ = load_hf_model(os.path.join(checkpoints, f"step_{step:05d}"))
     save_hf_model(os.path.join(out, "model"), model_config, chosen_params, scale.tokenizer,
                   metadata={"step": step, "of_steps": config.steps, "selected_by": rule,
@@ -417,8 +418,10 @@ def write_bpe_readme(out, scale_name, scale, info, meta, n_params, step, distanc
              f"intermediate {model_config.intermediate_size}, {model_config.num_attention_heads} "
              f"heads / {model_config.num_key_value_heads} KV heads (head dim "
              f"{model_config.head_dim}), vocab {model_config.vocab_size}, tied embeddings")
-    resumed = (f" It was resumed at step(s) {meta['resumed_at']}; the run time counts the work "
-               "up to each save." if meta["resumed_at"] else "")
+    resumed = (f" It was resumed at step(s) {meta['resumed_at']} (the run time counts the work "
+               "up to each save; a resume at the last step trains and evaluates nothing, it only "
+               "selects the checkpoint and writes the outputs again, so the wall time above is "
+               "that invocation's)." if meta["resumed_at"] else "")
     tasks = "\n".join(f"- {name}: `{type(env).__name__}` "
                       + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(env).items()
                                   if k != "vocab") for name, env in BPE_TASKS.items()

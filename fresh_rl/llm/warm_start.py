@@ -10,7 +10,7 @@ success rate.
 Long runs: ``warm_start(..., every=, on_every=)`` calls back periodically (evaluate with a
 compiled-once :func:`make_evaluator`, checkpoint with :func:`save_state`), resumes from a
 saved state (``opt_state=``, ``start_step=``; :func:`load_state`), and
-:func:`select_checkpoint` picks the periodic checkpoint whose success lies closest to a band.
+:func:`select_checkpoint` picks the last periodic checkpoint whose success lies in a band.
 """
 from __future__ import annotations
 
@@ -201,10 +201,12 @@ def load_state(path: str, template) -> tuple[tuple, dict]:
 
 
 def select_checkpoint(evals: list[dict], band: tuple[float, float]) -> tuple[int, float]:
-    """(step, distance) of the chosen periodic checkpoint: the one whose success rates are
-    closest to ``band`` (distance: sum over tasks of how far each lies below band[0] or above
-    band[1]; 0 when every task is inside), the latest among equally close ones. So: the last
-    checkpoint at which every task is within the band, if there is one."""
+    """(step, distance) of the chosen periodic checkpoint: the last one at which every task's
+    success lies within ``band``, else the final one. ``distance`` (0 inside the band): the
+    sum over tasks of how far each lies below band[0] or above band[1].
+
+    (Not the checkpoint of least distance: an early checkpoint with several tasks near zero
+    can lie closer to the band than a late one with one saturated task.)"""
     steps = sorted({row["step"] for row in evals})
     lo, hi = band
 
@@ -212,7 +214,8 @@ def select_checkpoint(evals: list[dict], band: tuple[float, float]) -> tuple[int
         return sum(max(0.0, lo - r["success"]) + max(0.0, r["success"] - hi)
                    for r in evals if r["step"] == step)
 
-    best = min(steps, key=lambda step: (round(distance(step), 9), -step))
+    inside = [step for step in steps if distance(step) == 0.0]
+    best = inside[-1] if inside else steps[-1]
     return best, distance(best)
 
 
