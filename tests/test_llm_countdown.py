@@ -141,7 +141,7 @@ KINDS = ["expert", "digit", "op", "swap_operands", "reuse", "final", "drop_numbe
          "edit", "lines", "program", "program", "garbage"]
 
 
-@settings(max_examples=200)
+@settings(max_examples=100)
 @given(st.sampled_from(sorted(ENVS)), st.integers(0, 2 ** 31 - 1), st.sampled_from(KINDS))
 def test_step_agrees_with_the_python_reference(name, seed, kind):
     env, (_, step, bpe_step) = ENVS[name], JIT[name]
@@ -185,10 +185,8 @@ def test_handwritten_answers():
         assert (bool(info["format_ok"]), bool(info["success"])) == (format_ok, success), answer
 
 
-@pytest.mark.parametrize("knobs", [dict(num_count=2, max_number=9, value_digits=2),
-                                   dict(), dict(num_count=4, max_number=25),
-                                   dict(num_count=3, max_number=99, value_digits=2),
-                                   dict(num_count=5, max_number=99, value_digits=4)])
+@pytest.mark.parametrize("knobs", [dict(num_count=2, max_number=9, value_digits=2), dict(),
+                                   dict(num_count=5, max_number=99, value_digits=4)])  # smallest, default, largest
 def test_targets_reachable_and_bounds_fit(knobs):
     env = CountdownTask(**knobs)
 
