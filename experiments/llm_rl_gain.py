@@ -64,12 +64,13 @@ def held_out_success(scale: RLGainScale, env, model_config, params) -> float:
     return row["success"]
 
 
-def run_one(scale: RLGainScale, task: str, env, seed: int, params, model_config, out: str,
-            before: float) -> dict:
-    """One GRPO run on ``task`` from ``params`` (held-out success ``before``); returns (and
-    writes) its record. The steady iteration time excludes the first iteration (compilation)."""
+def run_one(scale: RLGainScale, task: str, env, seed: int, params, params_checksum: str, model_config,
+            out: str, before: float) -> dict:
+    """One GRPO run on ``task`` from ``params`` (``tree_checksum`` ``params_checksum``, held-out
+    success ``before``); returns (and writes) its record. The steady iteration time excludes the
+    first iteration (compilation)."""
     name = run_name(scale, task, seed)
-    key = fingerprint(scale, env, seed, tree_checksum(params))
+    key = fingerprint(scale, env, seed, params_checksum)
     path = os.path.join(out, "runs", name + ".json")
     if os.path.exists(path):
         with open(path) as f:
@@ -165,12 +166,13 @@ def main(argv=None):
     os.makedirs(out, exist_ok=True)
     started = time.perf_counter()
     model_config, params, vocab = load_hf_model(scale.model)
+    params_checksum = tree_checksum(params)  # the same initial weights for every run
     records = []
     for task in scale.tasks:
         env = with_vocab(BPE_TASKS[task], vocab)
         before = held_out_success(scale, env, model_config, params)
         for seed in range(scale.seeds):
-            records.append(run_one(scale, task, env, seed, params, model_config, out, before))
+            records.append(run_one(scale, task, env, seed, params, params_checksum, model_config, out, before))
     # the tables cover every saved run of the folder (the probe cells and the study alike)
     saved = []
     for name in sorted(os.listdir(os.path.join(out, "runs"))):
