@@ -177,6 +177,28 @@ def _matrix(per_task: dict, tasks) -> Optional[np.ndarray]:
     return np.stack([per_task[t] for t in tasks], axis=1)  # [seeds, tasks]
 
 
+def _lag_comparison(scale: Scale, scores: dict, value: str, tasks, reps: int) -> tuple[dict, dict]:
+    """Per lag: rliable aggregates of the main methods read at ``value`` (``"headline"`` or
+    ``"tuned"``, :func:`score_tables`) over ``tasks``, and P(VACO variant > baseline) for every
+    pair of them; methods missing on one of the tasks are left out."""
+    agg, improvement = {}, {}
+    for lag in scale.study_lags:
+        mats = {v: _matrix(scores.get((v, lag, value), {}), tasks) for v in scale.methods}
+        mats = {v: m for v, m in mats.items() if m is not None}
+        agg[lag] = aggregate_intervals(mats, reps=reps)
+        improvement[lag] = improvement_intervals(
+            {(v, b): (mats[v], mats[b]) for v in mats if v in VACO_VARIANTS for b in mats if b not in VACO_VARIANTS},
+            reps=reps)
+    return agg, improvement
+
+
+def _aggregate_rows(agg: dict) -> list[list[str]]:
+    """CSV rows ``[lag, method, metric, point, ci_low, ci_high]`` of :func:`_lag_comparison`'s aggregates."""
+    return [[lag_name(lag), variant, metric, f"{p:.4f}", f"{lo:.4f}", f"{hi:.4f}"]
+            for lag, table in agg.items() for variant, metrics in table.items()
+            for metric, (p, lo, hi) in metrics.items()]
+
+
 def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps: int) -> str:
     import matplotlib
     matplotlib.use("Agg")
@@ -286,32 +308,14 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
             fig.savefig(out_dir / f"curves_{task_name.replace('/', '_')}.png", dpi=110)
             plt.close(fig)
 
-    # rliable aggregates: main methods over all tasks, per lag
-    agg_rows = []
-    agg = {}
-    for lag in scale.study_lags:
-        score_dict = {}
-        for variant in scale.methods:
-            mat = _matrix(scores.get((variant, lag, "headline"), {}), tasks)
-            if mat is not None:
-                score_dict[variant] = mat
-        agg[lag] = aggregate_intervals(score_dict, reps=reps)
-        for variant, metrics in agg[lag].items():
-            for metric, (p, lo, hi) in metrics.items():
-                agg_rows.append([lag_name(lag), variant, metric, f"{p:.4f}", f"{lo:.4f}", f"{hi:.4f}"])
+    # rliable aggregates and P(VACO variant > baseline) of the main methods, per lag
+    agg, improvement = _lag_comparison(scale, scores, "headline", tasks, reps)
+    agg_rows = _aggregate_rows(agg)
     with open(out_dir / "aggregates.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["lag", "method", "metric", "point", "ci_low", "ci_high"])
         w.writerows(agg_rows)
 
-    # probability of improvement of each VACO variant over each baseline, per lag (rliable)
-    improvement = {}
-    for lag in scale.study_lags:
-        mats = {v: _matrix(scores.get((v, lag, "headline"), {}), tasks) for v in scale.methods}
-        pairs = {(vaco, base): (mats[vaco], mats[base]) for vaco in scale.methods if vaco in VACO_VARIANTS
-                 for base in scale.methods if base not in VACO_VARIANTS
-                 and mats[vaco] is not None and mats[base] is not None}
-        improvement[lag] = improvement_intervals(pairs, reps=reps)
     with open(out_dir / "probability_of_improvement.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["lag", "vaco_variant", "baseline", "probability", "ci_low", "ci_high"])
@@ -422,17 +426,8 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
     # at the first lag (VACO's δ, as ppo_kl_fixed's β), then run under lag
     tuned_agg, tuned_improvement = {}, {}
     if ablation_tasks and len(scale.deltas) > 1:
-        tuned_rows = []
-        for lag in scale.study_lags:
-            mats = {v: _matrix(scores.get((v, lag, "tuned"), {}), ablation_tasks) for v in scale.methods}
-            mats = {v: m for v, m in mats.items() if m is not None}
-            tuned_agg[lag] = aggregate_intervals(mats, reps=reps)
-            for variant, metrics in tuned_agg[lag].items():
-                for metric, (p, lo, hi) in metrics.items():
-                    tuned_rows.append([lag_name(lag), variant, metric, f"{p:.4f}", f"{lo:.4f}", f"{hi:.4f}"])
-            pairs = {(v, b): (mats[v], mats[b]) for v in mats if v in VACO_VARIANTS for b in mats
-                     if b not in VACO_VARIANTS}
-            tuned_improvement[lag] = improvement_intervals(pairs, reps=reps)
+        tuned_agg, tuned_improvement = _lag_comparison(scale, scores, "tuned", ablation_tasks, reps)
+        tuned_rows = _aggregate_rows(tuned_agg)
         with open(out_dir / "equal_tuning.csv", "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["lag", "method", "metric", "point", "ci_low", "ci_high"])
