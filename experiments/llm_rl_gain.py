@@ -51,7 +51,8 @@ SYNCHRONOUS = ap.AsyncConfig(staleness_window=1, old_logit_route="snapshot")
 
 @dataclasses.dataclass(frozen=True)
 class TaskRun:
-    """What :func:`fresh_rl.llm.evaluation.evaluate_policies` reads: one task of a scale."""
+    """What :func:`fresh_rl.llm.evaluation.evaluate_policies` reads: one task of a scale (hashable:
+    its compiled evaluator is reused by every run of the task)."""
 
     rl: object
     env: object

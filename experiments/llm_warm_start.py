@@ -25,8 +25,9 @@ every task on held-out keys at every 1/8 of training and writes results/llm_warm
 model/ (a Hugging Face Qwen2 folder with its tokenizer: ``--model`` of every experiment; the
 checkpoint chosen by fresh_rl.llm.warm_start.select_checkpoint), evals.csv (every periodic evaluation),
 success.csv (the chosen one's), history.csv, config.json, README.md. It is resumable: the
-periodic checkpoints and the training state (params, optimizer state, step) live in
-checkpoints/ (git-ignored), and a rerun of the same command continues from the last one
+periodic checkpoints and the training state (params, optimizer state, step and histories:
+a verified, fingerprinted fresh_rl.sweep.checkpoint.RunCheckpointer) live in checkpoints/
+(git-ignored), and a rerun of the same command continues from the last one
 (``--fresh`` starts over). ``--scale bpe-ci`` is the seconds-long smoke version (a 2-layer,
 32-wide model, 4 steps; default --out results/llm_warm_start_bpe_ci).
 
@@ -43,6 +44,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -56,10 +58,11 @@ from fresh_rl.llm.model import Qwen2Config, init_params, preset
 from fresh_rl.llm.presets import (BPE_CYCLE, BPE_TASKS, CYCLE, RESULTS, SPECIALIZE, TASKS,
                                   WARM_START)
 from fresh_rl.llm.tasks.vocab import TaskVocab, check_model_vocab, with_vocab
-from fresh_rl.llm.warm_start import (WarmStartConfig, evaluate, load_state, make_evaluator,
+from fresh_rl.llm.warm_start import (WarmStartConfig, evaluate, make_task_metrics,
                                      make_optimizer, restore_params, save_params,
-                                     save_state, select_checkpoint, warm_start)
+                                     select_checkpoint, warm_start)
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
+from fresh_rl.sweep.checkpoint import RunCheckpointer, RunIdentityError
 from fresh_rl.sweep.keys import seed_key, split_run_key
 
 # Task settings, cycle and specialisation: fresh_rl.llm.presets (shared with the RL experiments).
@@ -275,7 +278,7 @@ fifth of the prompts? Parameters: checkpoint/ (restore with
 
 # --------------------------------------------------------------------------- BPE warm start
 
-STATE_FILE = "state.npz"
+STATE_DIR = "state"  # RunCheckpointer steps: params, optimizer state, meta
 
 
 def _fingerprint(scale: BpeScale, seed: int, tasks: dict) -> dict:
@@ -309,9 +312,9 @@ def bpe_warm_start(scale_name: str, out: str | None, seed: int, fresh: bool, arg
                                 else f"llm_warm_start_{scale_name.replace('-', '_')}"))
     checkpoints = os.path.join(out, "checkpoints")  # git-ignored (results/**/checkpoints/)
     os.makedirs(checkpoints, exist_ok=True)
-    state_path = os.path.join(checkpoints, STATE_FILE)
-    if fresh and os.path.exists(state_path):
-        os.remove(state_path)
+    state_path = os.path.join(checkpoints, STATE_DIR)
+    if fresh:
+        shutil.rmtree(state_path, ignore_errors=True)
     vocab = TaskVocab.from_pretrained(scale.tokenizer)
     tasks = {name: with_vocab(BPE_TASKS[name], vocab) for name in scale.task_names}
     for env in tasks.values():
@@ -321,18 +324,22 @@ def bpe_warm_start(scale_name: str, out: str | None, seed: int, fresh: bool, arg
     params = init_params(model_config, jax.random.split(key_train)[0])  # warm_start's init
     opt_state = make_optimizer(config).init(params)
     fingerprint = _fingerprint(scale, seed, tasks)
-    meta = {"step": 0, "seconds": 0.0, "history": [], "evals": [], "resumed_at": [],
-            "fingerprint": fingerprint}
-    if os.path.exists(state_path):
-        (params, opt_state), meta = load_state(state_path, (params, opt_state))
-        if meta["fingerprint"] != fingerprint:
-            raise ValueError(f"{state_path} is the state of another configuration (seed, model, "
-                             "tasks or schedule): rerun with --fresh to start over")
+    meta = {"step": 0, "seconds": 0.0, "history": [], "evals": [], "resumed_at": []}
+    # the training state and its JSON meta (histories) in one verified, fingerprinted checkpoint
+    checkpointer = RunCheckpointer(state_path, fingerprint=json.dumps(fingerprint, sort_keys=True))
+    try:
+        restored = checkpointer.restore_latest(jax.eval_shape(lambda: {"params": params,
+                                                                       "opt_state": opt_state}))
+    except RunIdentityError as err:
+        raise RunIdentityError(f"{err}\n(or rerun with --fresh to start over)") from None
+    if restored is not None:
+        step, tree = restored
+        params, opt_state, meta = tree["params"], tree["opt_state"], checkpointer.extra(step)
         meta["resumed_at"].append(meta["step"])
         print(f"resuming from {state_path} at step {meta['step']}", flush=True)
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(params))
     print(f"{scale_name}: {n_params / 1e6:.2f}M parameters, {config.steps} steps", flush=True)
-    evaluators = {name: make_evaluator(model_config, env, config.eval_episodes,
+    evaluators = {name: make_task_metrics(model_config, env, config.eval_episodes,
                                        config.eval_temperature) for name, env in tasks.items()}
     base_seconds, clock, history_before = meta["seconds"], time.perf_counter(), meta["history"]
 
@@ -350,7 +357,7 @@ def bpe_warm_start(scale_name: str, out: str | None, seed: int, fresh: bool, arg
                           r["task"]: r["success"] for r in rows}})
         meta.update(step=done, seconds=base_seconds + time.perf_counter() - clock,
                     history=history_before + history, evals=meta["evals"] + rows)
-        save_state(state_path, params, opt_state, meta)
+        checkpointer.save(done, {"params": params, "opt_state": opt_state}, extra=meta)
         write_csv(os.path.join(out, "evals.csv"), meta["evals"])
         print(f"eval at step {done} ({eval_seconds:.0f} s, run {meta['seconds']:.0f} s): "
               + ", ".join(f"{r['task']} {r['success']:.3f}" for r in rows), flush=True)

@@ -8,7 +8,7 @@ From the warm-started tiny LM (results/llm_warm_start/checkpoint; the ci scale s
 the arithmetic-specialised results/llm_warm_start_arithmetic/checkpoint) on the arithmetic task,
 runs the asynchronous simulator (fresh_rl.llm.async_pipeline) for every route of the grid at
 every staleness window W, seeds run one after another through the same compiled iteration.
-Writes to --out (default results/old_logits, or results/old_logits_<scale> for ci and smoke):
+Writes to --out (default results/old_logits for cpu and paper, else results/old_logits_<scale>):
 
   runs/<route>_W<w>[_partial]_seed<s>.csv  per-iteration metrics of one run
   checkpoints/<run>/  orbax checkpoints of the whole pipeline state every 4 iterations
@@ -20,11 +20,16 @@ Writes to --out (default results/old_logits, or results/old_logits_<scale> for c
                   EWMA resets; 95% intervals over seeds
   overhead.csv/.md  per route at the overhead W: extra parameter copies (fp32 bytes), fp32
                   forwards spent on old log-probs per step, median seconds per step
-  eval.csv        (when the scale evaluates) success of the warm start and of each final
-                  policy on the same held-out prompts, and with a prompt pool (ci) also on
-                  the training prompts
+  runs/<run>.eval.json  (when the scale evaluates) the final policy's success on the
+                  evaluation episodes, written with the run
+  eval.csv, eval_summary.csv  the warm start's and every run's success on the same
+                  held-out prompts (with a prompt pool, ci, also on the training prompts),
+                  and per (route, W) the seed mean with its 95% interval and the gain over
+                  the warm start
   success_vs_step.png, mechanism.png, reset_ablation.png, config.json
-The ``paper`` scale configures the qwen2.5-0.5b preset (pass --checkpoint, an HF folder) and
+The ``bpe`` scale is issue 19's confirmation on the BPE warm start (results/llm_warm_start_bpe/model,
+random staleness L ~ U{0..W}, W ∈ {1, 4, 16}, 5 seeds × 60 iterations, resumable with
+--resume; ``bpe-ci`` its test version on the stand-in). The ``paper`` scale configures the qwen2.5-0.5b preset (pass --checkpoint, an HF folder) and
 larger batches; it is not run here. ``--model PATH`` (any Hugging Face folder with its
 tokenizer, e.g. Qwen2.5-0.5B-Instruct) runs a scale from that model with the task speaking
 its tokenizer and chat template, e.g. the stand-in at the smoke scale:
@@ -51,7 +56,7 @@ from fresh_rl.llm.checkpoint import add_model_flag, load_hf_model
 from fresh_rl.llm.evaluation import evaluate_policies
 from fresh_rl.llm.old_logits import ROUTES
 from fresh_rl.llm.presets import OLD_LOGITS_SCALES as SCALES
-from fresh_rl.llm.presets import RESULTS, OldLogitsScale, load_params
+from fresh_rl.llm.presets import RESULTS, OldLogitsScale, load_params, model_folder
 from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.provenance import provenance, write_csv
 from fresh_rl.sweep.checkpoint import RunCheckpointer
@@ -71,7 +76,8 @@ def run_name(route: str, window: int, partial: bool, seed: int) -> str:
 
 def run_one(scale: Scale, route: str, window: int, partial: bool, seed: int, iterations: int,
             params, model_config, out: str):
-    """One run at window ``window``; writes its CSV and returns ``(history, final_params)``.
+    """One run at window ``window``; writes its CSV (and, when the scale evaluates, the final
+    policy's held-out success to ``<run>.eval.json``) and returns its history.
     The ring holds max(windows) + 1 versions for every run, so each route compiles once. An
     interrupted run resumes from its newest checkpoint in ``out/checkpoints/<run>``."""
     async_config = scale.async_config(route, partial)
@@ -81,10 +87,16 @@ def run_one(scale: Scale, route: str, window: int, partial: bool, seed: int, ite
     state, history = ap.train_loop(scale.rl, async_config, seed, iterations,
                                    params=params, env=scale.env, model_config=model_config,
                                    window=window, checkpointer=checkpointer, checkpoint_every=4)
+    if scale.eval_episodes and iterations == scale.iterations:  # before the CSV marks it done
+        evaluation = evaluate_policies(scale, model_config, {name: state.train.params})
+        path = os.path.join(out, "runs", name + ".eval.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(evaluation, f)
+        os.replace(path + ".tmp", path)
     rows = [{"step": i, **{k: float(v[i]) for k, v in history.items()}}
             for i in range(iterations)]
-    write_csv(os.path.join(out, "runs", run_name(route, window, partial, seed) + ".csv"), rows)
-    return history, state.train.params
+    write_csv(os.path.join(out, "runs", name + ".csv"), rows)
+    return history
 
 
 def read_run_csv(path: str) -> dict[str, np.ndarray]:
@@ -142,6 +154,33 @@ def summarise(histories: dict, scale: Scale) -> tuple[list[dict], list[dict]]:
                         f"{name}_high": float(high)})
         summary.append(row)
     return curves, summary
+
+
+def evaluation_tables(scale: Scale, out: str, warm_start: list[dict]) -> tuple[list[dict], list[dict]]:
+    """``(rows, summary)``: the warm start's and every saved run's success on the evaluation
+    episodes (``runs/<run>.eval.json``), and per (route, W, partial, prompts) the seed mean
+    with its 95% bootstrap interval and the mean gain over the warm start."""
+    rows, summary = list(warm_start), []
+    before = {r["prompts"]: r["success"] for r in warm_start}
+    plan = [(r, w, False) for r in scale.grid_routes for w in scale.windows]
+    plan += [(r, scale.partial_window, True) for r in scale.partial_routes]
+    for route, window, partial in plan:
+        runs = []
+        for seed in range(scale.seeds):
+            path = os.path.join(out, "runs", run_name(route, window, partial, seed) + ".eval.json")
+            if os.path.exists(path):
+                with open(path) as f:
+                    runs += [{**r, "route": route, "window": window, "partial": partial, "seed": seed}
+                             for r in json.load(f)]
+        rows += runs
+        for prompts in dict.fromkeys(r["prompts"] for r in runs):
+            success = np.array([r["success"] for r in runs if r["prompts"] == prompts])
+            mean, low, high = (float(x) for x in seed_interval(success))
+            summary.append({"route": route, "window": window, "partial": partial, "prompts": prompts,
+                            "seeds": len(success), "success": mean, "success_low": low,
+                            "success_high": high, "warm_start": before[prompts],
+                            "gain": mean - before[prompts]})
+    return rows, summary
 
 
 def time_routes_interleaved(scale: Scale, params, model_config, rounds: int) -> dict:
@@ -245,7 +284,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--scale", choices=sorted(SCALES), default="ci")
     parser.add_argument("--out", default=None,
-                        help="output folder (default results/old_logits[_ci|_smoke])")
+                        help="output folder (default results/old_logits, or results/old_logits_<scale>)")
     parser.add_argument("--checkpoint", default=None,
                         help="initial parameters (default: the tiny warm start)")
     add_model_flag(parser)
@@ -263,14 +302,14 @@ def main(argv=None):
     if args.prompt_pool_seed is not None:
         scale = dataclasses.replace(scale, rl=dataclasses.replace(
             scale.rl, prompt_pool_seed=args.prompt_pool_seed))
-    out = args.out or str(RESULTS / (f"old_logits_{args.scale}" if args.scale in ("ci", "smoke")
-                                     else "old_logits"))
+    out = args.out or str(RESULTS / ("old_logits" if args.scale in ("cpu", "paper")
+                                     else f"old_logits_{args.scale.replace('-', '_')}"))
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
     start, started = time.time(), time.perf_counter()
-    if args.model:
-        model_config, params, vocab = load_hf_model(args.model)
-        scale = dataclasses.replace(scale, model=args.model,
-                                    env=with_vocab(scale.env, vocab))
+    folder = args.model or model_folder(scale.model)  # --model, or a scale's own HF folder
+    if folder:
+        model_config, params, vocab = load_hf_model(folder)
+        scale = dataclasses.replace(scale, model=folder, env=with_vocab(scale.env, vocab))
     else:
         model_config, params = load_params(scale.model, args.checkpoint or scale.warm_start)
     log = lambda msg: print(f"[{time.time() - start:7.0f}s] {msg}", flush=True)  # noqa: E731
@@ -285,17 +324,15 @@ def main(argv=None):
         return out
 
     histories, timed = load_runs(scale, out) if args.resume else ({}, {})
-    finals = {}
     plan = [(r, w, False) for r in scale.grid_routes for w in scale.windows]
     plan += [(r, scale.partial_window, True) for r in scale.partial_routes]
     for route, window, partial in plan:
         for seed in range(scale.seeds):
             if len(histories.get((route, window, partial), [])) > seed:
                 continue
-            history, final = run_one(scale, route, window, partial, seed, scale.iterations,
-                                     params, model_config, out)
+            history = run_one(scale, route, window, partial, seed, scale.iterations,
+                              params, model_config, out)
             histories.setdefault((route, window, partial), []).append(history)
-            finals[run_name(route, window, partial, seed)] = final
             log(f"{run_name(route, window, partial, seed)}: success "
                 f"{history['success_rate'].mean():.3f} active "
                 f"{history['active_token_fraction'].mean():.3f} |log r_d| "
@@ -306,8 +343,8 @@ def main(argv=None):
     if scale.overhead_iterations:
         for route in ROUTES:
             if route not in timed:
-                timed[route], _ = run_one(scale, route, scale.overhead_window, False, 0,
-                                          scale.overhead_iterations, params, model_config, out)
+                timed[route] = run_one(scale, route, scale.overhead_window, False, 0,
+                                       scale.overhead_iterations, params, model_config, out)
                 log(f"overhead run {route}: s/step "
                     f"{np.median(timed[route]['wall_seconds'][1:]):.2f}")
 
@@ -320,9 +357,11 @@ def main(argv=None):
         with open(os.path.join(out, "overhead.md"), "w") as f:
             f.write(overhead_markdown(overhead))
     if scale.eval_episodes:
-        rows = evaluate_policies(scale, model_config, {"warm_start": params, **finals})
+        rows, eval_summary = evaluation_tables(scale, out, evaluate_policies(
+            scale, model_config, {"warm_start": params}))
         write_csv(os.path.join(out, "eval.csv"), rows)
-        log(f"evaluation: {rows}")
+        write_csv(os.path.join(out, "eval_summary.csv"), eval_summary)
+        log(f"evaluation: {eval_summary}")
     plot(curves, scale, out)
     info = provenance(command=" ".join(["python experiments/old_logits.py"]
                                        + list(argv if argv is not None else sys.argv[1:])),

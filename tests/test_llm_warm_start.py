@@ -78,22 +78,23 @@ def test_select_checkpoint_takes_the_last_in_band_else_the_final():
     assert step == 200 and distance == pytest.approx(0.6)
 
 
-def test_training_state_roundtrips_and_rejects_another_model(tmp_path):
-    from fresh_rl.llm.warm_start import load_state, make_optimizer, save_state
+def test_training_state_checkpoint_roundtrips_with_its_meta_and_rejects_another_run(tmp_path):
+    """The warm start's resume state: params + optimizer state through RunCheckpointer, its
+    JSON meta (histories) as the checkpoint's ``extra``; another fingerprint is refused."""
+    from fresh_rl.llm.warm_start import make_optimizer
+    from fresh_rl.sweep.checkpoint import RunCheckpointer, RunIdentityError
     config = WarmStartConfig(steps=10, warmup_steps=2)
     params = jax.tree_util.tree_map(lambda x: x + 1.0, _tiny_params(32))
-    opt_state = make_optimizer(config).init(params)
-    path = str(tmp_path / "state.npz")
-    save_state(path, params, opt_state, {"step": 3, "history": [{"loss": 1.5}]})
-    template = (_tiny_params(32), make_optimizer(config).init(_tiny_params(32)))
-    (p, o), meta = load_state(path, template)
-    assert meta == {"step": 3, "history": [{"loss": 1.5}]}
-    for a, b in zip(jax.tree_util.tree_leaves((params, opt_state)),
-                    jax.tree_util.tree_leaves((p, o))):
+    tree = {"params": params, "opt_state": make_optimizer(config).init(params)}
+    meta = {"step": 3, "history": [{"loss": 1.5}], "resumed_at": []}
+    RunCheckpointer(tmp_path / "state", fingerprint="a").save(3, tree, extra=meta)
+    reader = RunCheckpointer(tmp_path / "state", fingerprint="a")
+    step, restored = reader.restore_latest(jax.eval_shape(lambda: tree))
+    assert step == 3 and reader.extra(step) == meta
+    for a, b in zip(jax.tree_util.tree_leaves(tree), jax.tree_util.tree_leaves(restored)):
         np.testing.assert_array_equal(a, b)
-    other = (_tiny_params(16), make_optimizer(config).init(_tiny_params(16)))
-    with pytest.raises(ValueError, match="another model"):
-        load_state(path, other)
+    with pytest.raises(RunIdentityError, match="another run"):
+        RunCheckpointer(tmp_path / "state", fingerprint="b").restore_latest(jax.eval_shape(lambda: tree))
 
 
 def _tiny_params(width):

@@ -7,6 +7,7 @@ policies' success rates are a paired comparison.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -18,10 +19,12 @@ from fresh_rl.sweep.keys import seed_key
 EVAL_SEED = 10_000
 
 
+@functools.lru_cache(maxsize=16)
 def make_evaluator(scale, model_config, on_training_prompts: bool = False):
     """Jitted ``(params, key) -> successes [E]`` of the bf16 sampler at the RL temperature
-    (``scale``: anything with ``rl``, ``env`` and ``eval_episodes`` = E, e.g.
+    (``scale``: anything hashable with ``rl``, ``env`` and ``eval_episodes`` = E, e.g.
     :class:`fresh_rl.llm.presets.OldLogitsScale`); the same key gives the same prompts.
+    Cached: every evaluation of a scale (e.g. one per run) reuses one compiled program.
     ``on_training_prompts``: the ``rl.prompt_pool`` training prompts, each
     ``E / prompt_pool`` times; else E fresh (held-out) prompts."""
     check_model_vocab(scale.env, model_config)

@@ -41,6 +41,10 @@ from fresh_rl.provenance import REPOSITORY_ROOT
 RESULTS = REPOSITORY_ROOT / "results"
 WARM_START = str(RESULTS / "llm_warm_start" / "checkpoint")
 ARITHMETIC_WARM_START = str(RESULTS / "llm_warm_start_arithmetic" / "checkpoint")
+# Hugging Face folders: the BPE warm start (experiments/llm_warm_start.py --scale bpe) and the
+# random-weight BPE stand-in the tests use
+BPE_WARM_START = str(RESULTS / "llm_warm_start_bpe" / "model")
+BPE_STANDIN = str(REPOSITORY_ROOT / "tests" / "fixtures" / "qwen2_bpe_tiny")
 
 # The Qwen2.5-1.5B shapes (model.PRESETS["qwen2.5-1.5b"]), the scale benchmark's larger model.
 QWEN2_5_1_5B = preset("qwen2.5-1.5b")
@@ -100,6 +104,53 @@ def load_params(model: str, checkpoint: Optional[str] = None):
     return load_hf_checkpoint(checkpoint)
 
 
+def model_folder(model: str) -> Optional[str]:
+    """The Hugging Face folder a scale's ``model`` names (a path), or None for a preset name
+    (``"tiny"``, ``"qwen2.5-0.5b"``, …: :func:`load_params`)."""
+    return model if "/" in model or "\\" in model else None
+
+
+# --------------------------------------------------------------------------- RL gain
+
+
+
+@dataclasses.dataclass(frozen=True)
+class RLGainScale:
+    """One scale of ``experiments/llm_rl_gain.py`` (issue 19: does RL raise *held-out*
+    success from the warm start?): synchronous GRPO (the pipeline at staleness window 1,
+    snapshot old logits) from the Hugging Face folder ``model`` on each of ``tasks``
+    (:data:`BPE_TASKS`, speaking the folder's tokenizer) for ``iterations`` iterations ×
+    ``seeds`` seeds; the warm start and the final policy are scored on the same
+    ``eval_episodes`` held-out episodes. No KL term (the trainer has none; our choice, as
+    DAPO-style GRPO)."""
+
+    model: str
+    rl: RLConfig
+    tasks: tuple[str, ...]
+    seeds: int
+    iterations: int
+    eval_episodes: int
+    checkpoint_every: int = 10
+
+
+# Our choice before the probe (results/llm_rl_gain/README.md records the probe): 8 prompts × 8
+# rollouts = 64 episodes per iteration, one epoch, the decoupled PPO loss (at window 1 with
+# snapshots its proximal policy is the acting one: PPO-clip on fresh data).
+RL_GAIN_RL = RLConfig(estimator="grpo", num_groups=8, group_size=8, learning_rate=1e-4,
+                      loss="decoupled")
+RL_GAIN_SCALES = {
+    # the test suite: the random-weight stand-in, 2 iterations of 2 prompts × 4 rollouts
+    "ci": RLGainScale(model=BPE_STANDIN, rl=dataclasses.replace(RL_GAIN_RL, num_groups=2, group_size=4),
+                      tasks=("arithmetic",), seeds=2, iterations=2, eval_episodes=16,
+                      checkpoint_every=1),
+    "cpu": RLGainScale(model=BPE_WARM_START, rl=RL_GAIN_RL, tasks=tuple(BPE_TASKS), seeds=5,
+                       iterations=60, eval_episodes=512),
+    # one GPU, a real checkpoint (--model): the old-logit paper scale's batch and learning rate
+    "paper": RLGainScale(model="", rl=dataclasses.replace(RL_GAIN_RL, num_groups=64, learning_rate=1e-6,
+                                                          minibatches=4, remat=True),
+                         tasks=tuple(BPE_TASKS), seeds=5, iterations=200, eval_episodes=1024),
+}
+
 # --------------------------------------------------------------------------- old logits
 
 
@@ -124,13 +175,14 @@ class OldLogitsScale:
     segment_tokens: int = 8
     eval_episodes: int = 0  # 0: no evaluation
     warm_start: Optional[str] = None  # tiny-model checkpoint (None: the multi-task WARM_START)
+    lag_kind: str = "fixed"  # AsyncConfig.lag_kind: "fixed" (L = w) or "uniform" (L ~ U{0..w})
 
     def async_config(self, route: str, partial: bool = False) -> ap.AsyncConfig:
         """The pipeline settings of a run: the ring holds max(windows) + 1 versions for every
         run (each run's window is a hyperparameter), so each route compiles once."""
         return ap.AsyncConfig(staleness_window=max(self.windows + (self.overhead_window,)),
                               old_logit_route=route, partial_rollouts=partial,
-                              segment_tokens=self.segment_tokens)
+                              segment_tokens=self.segment_tokens, lag_kind=self.lag_kind)
 
 
 # Our tuning probe of the synchronous trainer from the warm start (GRPO, 30-40 iterations of
@@ -172,49 +224,21 @@ OLD_LOGITS_SCALES = {
         grid_routes=BUILTIN_ROUTES, seeds=5, iterations=300, overhead_window=4,
         overhead_iterations=10, partial_routes=BUILTIN_ROUTES, partial_window=4,
         segment_tokens=32, eval_episodes=1024),
-}
-
-# --------------------------------------------------------------------------- RL gain
-
-BPE_WARM_START = str(RESULTS / "llm_warm_start_bpe" / "model")
-BPE_STANDIN = str(REPOSITORY_ROOT / "tests" / "fixtures" / "qwen2_bpe_tiny")
-
-
-@dataclasses.dataclass(frozen=True)
-class RLGainScale:
-    """One scale of ``experiments/llm_rl_gain.py`` (issue 19: does RL raise *held-out*
-    success from the warm start?): synchronous GRPO (the pipeline at staleness window 1,
-    snapshot old logits) from the Hugging Face folder ``model`` on each of ``tasks``
-    (:data:`BPE_TASKS`, speaking the folder's tokenizer) for ``iterations`` iterations ×
-    ``seeds`` seeds; the warm start and the final policy are scored on the same
-    ``eval_episodes`` held-out episodes. No KL term (the trainer has none; our choice, as
-    DAPO-style GRPO)."""
-
-    model: str
-    rl: RLConfig
-    tasks: tuple[str, ...]
-    seeds: int
-    iterations: int
-    eval_episodes: int
-    checkpoint_every: int = 10
-
-
-# Our choice before the probe (results/llm_rl_gain/README.md records the probe): 8 prompts × 8
-# rollouts = 64 episodes per iteration, one epoch, the decoupled PPO loss (at window 1 with
-# snapshots its proximal policy is the acting one: PPO-clip on fresh data).
-RL_GAIN_RL = RLConfig(estimator="grpo", num_groups=8, group_size=8, learning_rate=1e-4,
-                      loss="decoupled")
-RL_GAIN_SCALES = {
-    # the test suite: the random-weight stand-in, 2 iterations of 2 prompts × 4 rollouts
-    "ci": RLGainScale(model=BPE_STANDIN, rl=dataclasses.replace(RL_GAIN_RL, num_groups=2, group_size=4),
-                      tasks=("arithmetic",), seeds=2, iterations=2, eval_episodes=16,
-                      checkpoint_every=1),
-    "cpu": RLGainScale(model=BPE_WARM_START, rl=RL_GAIN_RL, tasks=tuple(BPE_TASKS), seeds=5,
-                       iterations=60, eval_episodes=512),
-    # one GPU, a real checkpoint (--model): the old-logit paper scale's batch and learning rate
-    "paper": RLGainScale(model="", rl=dataclasses.replace(RL_GAIN_RL, num_groups=64, learning_rate=1e-6,
-                                                          minibatches=4, remat=True),
-                         tasks=tuple(BPE_TASKS), seeds=5, iterations=200, eval_episodes=1024),
+    # issue 19's confirmation on the BPE warm start: random staleness L ~ U{0..W}, the route
+    # grid at W ∈ {1, 4, 16}, GRPO at the RL-gain study's settings (the learning rate at which
+    # RL raises held-out success there), 60 iterations of 64 episodes, 5 seeds, held-out
+    # success of every final policy
+    "bpe": OldLogitsScale(
+        model=BPE_WARM_START, rl=RL_GAIN_RL, env=BPE_TASKS["arithmetic"], windows=(1, 4, 16),
+        grid_routes=("recompute_current", "snapshot", "linear_proxy", "ewma", "ewma_no_reset"),
+        seeds=5, iterations=60, overhead_window=4, overhead_iterations=0, eval_episodes=512,
+        lag_kind="uniform"),
+    # its test-suite version on the random-weight stand-in: one route, two windows
+    "bpe-ci": OldLogitsScale(
+        model=BPE_STANDIN, rl=dataclasses.replace(RL_GAIN_RL, num_groups=2, group_size=4),
+        env=BPE_TASKS["arithmetic"], windows=(1, 4), grid_routes=("ewma",), seeds=1,
+        iterations=3, overhead_window=4, overhead_iterations=0, eval_episodes=16,
+        lag_kind="uniform"),
 }
 
 # --------------------------------------------------------------------------- FreshPER
@@ -305,4 +329,4 @@ __all__ = ["ARITHMETIC_WARM_START", "BPE_CYCLE", "BPE_STANDIN", "BPE_TASKS", "BP
            "OLD_LOGITS_RL", "OLD_LOGITS_SCALES", "OldLogitsScale", "QWEN2_5_1_5B", "RESULTS", "RL_GAIN_RL",
            "RL_GAIN_SCALES", "RLGainScale",
            "SPECIALIZE", "SYNC", "TASKS", "WARM_START", "char_task_for", "freshper_methods",
-           "load_params"]
+           "load_params", "model_folder"]

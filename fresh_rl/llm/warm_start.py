@@ -8,8 +8,9 @@ inference engine at temperature 1 (the RL behaviour policy) and reports the task
 success rate.
 
 Long runs: ``warm_start(..., every=, on_every=)`` calls back periodically (evaluate with a
-compiled-once :func:`make_evaluator`, checkpoint with :func:`save_state`), resumes from a
-saved state (``opt_state=``, ``start_step=``; :func:`load_state`), and
+compiled-once :func:`make_task_metrics`, checkpoint the parameters and ``opt_state`` with
+:class:`fresh_rl.sweep.checkpoint.RunCheckpointer`), resumes from them (``opt_state=``,
+``start_step=``), and
 :func:`select_checkpoint` picks the last periodic checkpoint whose success lies in a band.
 """
 from __future__ import annotations
@@ -93,10 +94,10 @@ def make_train_step(model_config: Qwen2Config, optimizer: optax.GradientTransfor
 def evaluate(params, model_config: Qwen2Config, env, key, episodes: int,
              temperature: float = 1.0) -> dict[str, float]:
     """Success rate, mean return and format-ok fraction of the LM policy on `env`."""
-    return make_evaluator(model_config, env, episodes, temperature)(params, key)
+    return make_task_metrics(model_config, env, episodes, temperature)(params, key)
 
 
-def make_evaluator(model_config: Qwen2Config, env, episodes: int, temperature: float = 1.0):
+def make_task_metrics(model_config: Qwen2Config, env, episodes: int, temperature: float = 1.0):
     """`(params, key) -> metrics` of :func:`evaluate`, compiled once for repeated
     evaluations (e.g. periodic ones during training) instead of once per call."""
     sampling = SamplingConfig(max_new_tokens=env.action_len, temperature=temperature,
@@ -171,33 +172,6 @@ def restore_params(directory: str, model_config: Qwen2Config):
         raise CheckpointError(f"parameter checkpoint {directory} is corrupt: its contents do not match the "
                               f"checksum in {record} recorded when it was written")
     return stack_layers(params) if per_layer else params
-
-
-def save_state(path: str, params, opt_state, meta: dict) -> None:
-    """The training state (parameters, optimizer state, JSON ``meta`` with the step) as one
-    .npz, written to a temporary file and renamed (a reader sees the old state or the new)."""
-    leaves = jax.tree_util.tree_leaves((params, opt_state))
-    arrays = {f"leaf_{i:05d}": np.asarray(x) for i, x in enumerate(leaves)}
-    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(tmp, path)
-
-
-def load_state(path: str, template) -> tuple[tuple, dict]:
-    """``((params, opt_state), meta)`` saved by :func:`save_state`, shaped as ``template``;
-    ValueError naming the file if it holds another model's state."""
-    leaves, treedef = jax.tree_util.tree_flatten(template)
-    with np.load(path) as data:
-        meta = json.loads(bytes(data["meta"]).decode())
-        stored = [data[f"leaf_{i:05d}"] for i in range(sum(k.startswith("leaf_")
-                                                               for k in data.files))]
-    if len(stored) != len(leaves) or any(a.shape != b.shape or a.dtype != b.dtype
-                                         for a, b in zip(stored, leaves)):
-        raise ValueError(f"{path} holds the training state of another model or optimizer: "
-                         "start over (experiments: --fresh)")
-    return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(x) for x in stored]), meta
 
 
 def select_checkpoint(evals: list[dict], band: tuple[float, float]) -> tuple[int, float]:

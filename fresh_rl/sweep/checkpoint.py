@@ -68,26 +68,39 @@ class RunCheckpointer:
     def steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
 
-    def save(self, step: int, tree) -> None:
+    def save(self, step: int, tree, extra: Optional[dict] = None) -> None:
         """Write ``tree`` as checkpoint ``step``; a tree with NaN (or ±inf parameters) raises
-        :class:`~fresh_rl.sweep.integrity.NonFiniteError` and writes nothing."""
+        :class:`~fresh_rl.sweep.integrity.NonFiniteError` and writes nothing. ``extra``: a
+        JSON-serialisable dict saved with it (e.g. a run's history of variable length), read
+        back by :meth:`extra`."""
         problem, checksum = inspect_for_checkpoint(tree)
         if problem is not None:
             raise NonFiniteError(f"refusing to checkpoint step {step} in {self.directory}: {problem}")
         args = self._ocp.args
         meta = {"fingerprint": self.fingerprint, "step": step, "checksum": checksum}
+        if extra is not None:
+            meta["extra"] = extra
         self._manager.save(step, args=args.Composite(run=args.StandardSave(tree), meta=args.JsonSave(meta)))
         self._manager.wait_until_finished()
 
-    def _restore_step(self, step: int, abstract_tree):
-        args = self._ocp.args
+    def extra(self, step: int) -> Optional[dict]:
+        """The ``extra`` dict saved with checkpoint ``step`` (None if it had none)."""
+        return self._meta(step).get("extra")
+
+    def _meta(self, step: int) -> dict:
         where = self.directory / str(step)
         try:
-            meta = self._manager.restore(step, args=args.Composite(meta=args.JsonRestore()))["meta"]
+            meta = self._manager.restore(step, args=self._ocp.args.Composite(meta=self._ocp.args.JsonRestore()))["meta"]
         except Exception as err:  # orbax raises many types for unreadable files
             raise CheckpointError(f"checkpoint {where} is unreadable: {err}") from err
         if not isinstance(meta, dict):
             raise CheckpointError(f"checkpoint {where} has malformed metadata: {meta!r}")
+        return meta
+
+    def _restore_step(self, step: int, abstract_tree):
+        args = self._ocp.args
+        where = self.directory / str(step)
+        meta = self._meta(step)
         if meta.get("fingerprint") != self.fingerprint:
             raise RunIdentityError(
                 f"checkpoint {where} was saved by another run (another configuration or seed):\n"
