@@ -3,6 +3,7 @@
   .venv/bin/python experiments/freshper.py --scale cpu      # the committed results
   .venv/bin/python experiments/freshper.py --scale drift    # stronger drift: search_qa, lr 1e-4, K = 4
   .venv/bin/python experiments/freshper.py --scale ci --out /tmp/freshper_ci
+  .venv/bin/python experiments/freshper.py --scale bpe-pilot  # ESS time constant on the BPE warm start
 
 From the warm-started tiny LM (results/llm_warm_start/checkpoint), per task, runs the replay
 trainer (fresh_rl.llm.replay_trainer: one fresh update plus K replay updates per iteration,
@@ -47,7 +48,7 @@ from fresh_rl.eval import seed_interval
 from fresh_rl.llm import replay_trainer as rt
 from fresh_rl.llm.checkpoint import add_model_flag, load_hf_model
 from fresh_rl.llm.presets import FRESHPER_SCALES as SCALES
-from fresh_rl.llm.presets import RESULTS, SYNC, TASKS, FreshPERScale, load_params
+from fresh_rl.llm.presets import BPE_TASKS, RESULTS, SYNC, FreshPERScale, load_params, model_folder
 from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.provenance import provenance, write_csv
 from fresh_rl.sweep.checkpoint import RunCheckpointer
@@ -220,20 +221,21 @@ def main(argv=None):
     scale = SCALES[args.scale]
     tasks = scale.tasks if args.tasks is None else tuple(args.tasks.split(","))
     methods = [m for m, _ in scale.methods] if args.methods is None else args.methods.split(",")
-    unknown = sorted(set(tasks) - set(TASKS)) + sorted(set(methods) - dict(scale.methods).keys())
+    unknown = sorted(set(tasks) - set(BPE_TASKS)) + sorted(set(methods) - dict(scale.methods).keys())
     if unknown:
-        raise ValueError(f"unknown --tasks/--methods {unknown}; tasks {list(TASKS)}, methods "
+        raise ValueError(f"unknown --tasks/--methods {unknown}; tasks {list(BPE_TASKS)}, methods "
                          f"{[m for m, _ in scale.methods]}")
     out = args.out or str(RESULTS / ("freshper" if args.scale == "cpu"
-                                     else f"freshper_{args.scale}"))
+                                     else f"freshper_{args.scale.replace('-', '_')}"))
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
     start, started = time.time(), time.perf_counter()
     log = lambda msg: print(f"[{time.time() - start:7.0f}s] {msg}", flush=True)  # noqa: E731
-    envs = TASKS
-    if args.model:
-        model_config, params, vocab = load_hf_model(args.model)
-        scale = dataclasses.replace(scale, model=args.model)
-        envs = {name: with_vocab(env, vocab) for name, env in TASKS.items()}
+    envs = BPE_TASKS  # the char-vocabulary tasks (countdown included), or in the folder's tokenizer
+    folder = args.model or model_folder(scale.model)  # --model, or a scale's own HF folder
+    if folder:
+        model_config, params, vocab = load_hf_model(folder)
+        scale = dataclasses.replace(scale, model=folder)
+        envs = {name: with_vocab(env, vocab) for name, env in BPE_TASKS.items()}
     else:
         model_config, params = load_params(scale.model, args.checkpoint)
     results = {}

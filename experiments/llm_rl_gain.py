@@ -11,9 +11,10 @@ mean with its 95% bootstrap interval per task, ``curves.csv`` the training succe
 and ``throughput.csv`` episodes/s and generated tokens/s of the RL iteration in steady state
 (median iteration time, the first iteration's compilation and the evaluation excluded).
 
-Resumable: a finished run is ``runs/<task>_lr<lr>_ep<epochs>_it<iterations>_seed<s>.json``; a
-running one checkpoints every ``checkpoint_every`` iterations (``checkpoints/``) and restarts
-from there. The tables cover every saved run of the output folder, one row per setting (task,
+Seeds run ``seeds_per_program`` at a time, vmapped in one compiled program (each row has the
+key schedule of a single run). Resumable: a finished run is
+``runs/<task>_lr<lr>_ep<epochs>_it<iterations>_seed<s>.json``; a running program checkpoints
+every ``checkpoint_every`` iterations (``checkpoints/``) and restarts from there. The tables cover every saved run of the output folder, one row per setting (task,
 learning rate, epochs, iterations), so the probe's cells (``--lr``, ``--epochs``,
 ``--iterations``, ``--seeds 1``) and the study's runs share one folder.
 
@@ -33,6 +34,7 @@ import shutil
 import sys
 import time
 
+import jax
 import numpy as np
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
@@ -65,48 +67,73 @@ def held_out_success(scale: RLGainScale, env, model_config, params) -> float:
     return row["success"]
 
 
-def run_one(scale: RLGainScale, task: str, env, seed: int, params, params_checksum: str, model_config,
-            out: str, before: float) -> dict:
-    """One GRPO run on ``task`` from ``params`` (``tree_checksum`` ``params_checksum``, held-out
-    success ``before``); returns (and writes) its record. The steady iteration time excludes the
-    first iteration (compilation)."""
-    name = run_name(scale, task, seed)
-    key = fingerprint(scale, env, seed, params_checksum)
-    path = os.path.join(out, "runs", name + ".json")
-    if os.path.exists(path):
-        with open(path) as f:
-            record = json.load(f)
-        if record["fingerprint"] == key:
-            print(f"[resume] {name}: loaded", flush=True)
-            return record
+def run_seeds(scale: RLGainScale, task: str, env, seeds: list[int], params, params_checksum: str,
+              model_config, out: str, before: float) -> list[dict]:
+    """GRPO on ``task`` from ``params`` (``tree_checksum`` ``params_checksum``, held-out success
+    ``before``) for each of ``seeds``; returns (and writes) one record per seed. Saved runs are
+    loaded; the missing seeds run ``scale.seeds_per_program`` at a time, vmapped in one program
+    (their per-seed keys are those of single runs). A record's ``train_seconds`` is its share of
+    the program's wall time; the steady iteration time (all rows) excludes the first iteration
+    (compilation)."""
+    records, missing = {}, []
+    for seed in seeds:
+        path = os.path.join(out, "runs", run_name(scale, task, seed) + ".json")
+        if os.path.exists(path):
+            with open(path) as f:
+                record = json.load(f)
+            if record["fingerprint"] == fingerprint(scale, env, seed, params_checksum):
+                print(f"[resume] {run_name(scale, task, seed)}: loaded", flush=True)
+                records[seed] = record
+                continue
+        missing.append(seed)
+    for start in range(0, len(missing), scale.seeds_per_program):
+        group = missing[start:start + scale.seeds_per_program]
+        for record in run_program(scale, task, env, group, params, params_checksum, model_config, out, before):
+            records[record["seed"]] = record
+    return [records[seed] for seed in seeds]
+
+
+def run_program(scale: RLGainScale, task: str, env, seeds: list[int], params, params_checksum: str,
+                model_config, out: str, before: float) -> list[dict]:
+    """One program of ``seeds`` (vmapped rows when more than one), checkpointed every
+    ``scale.checkpoint_every`` iterations under ``checkpoints/`` and resumed from there."""
+    name = run_name(scale, task, seeds[0]) + (f"-{seeds[-1]}" if len(seeds) > 1 else "")
     folder = os.path.join(out, "checkpoints", name)
+    key = repr([fingerprint(scale, env, seed, params_checksum) for seed in seeds])
     stamps = []
     start = time.perf_counter()
-    state, history = ap.train_loop(scale.rl, SYNCHRONOUS, seed, scale.iterations, params=params, env=env,
-                                   model_config=model_config, window=1,
-                                   checkpointer=RunCheckpointer(folder, fingerprint=key),
+    state, history = ap.train_loop(scale.rl, SYNCHRONOUS, seeds[0] if len(seeds) == 1 else seeds,
+                                   scale.iterations, params=params, env=env, model_config=model_config,
+                                   window=1, checkpointer=RunCheckpointer(folder, fingerprint=key),
                                    checkpoint_every=scale.checkpoint_every,
                                    log=lambda i, metrics: stamps.append(time.perf_counter()))
-    train_seconds = time.perf_counter() - start
-    after = held_out_success(scale, env, model_config, state.train.params)
-    episodes = scale.iterations * scale.rl.batch_size
-    record = {"task": task, "seed": seed, "learning_rate": scale.rl.learning_rate, "epochs": scale.rl.epochs,
-              "fingerprint": key, "before": before, "after": after,
-              "gain": after - before, "iterations": scale.iterations, "episodes": episodes,
-              "train_seconds": train_seconds,
-              "steady_seconds_per_iteration": float(np.median(np.diff(stamps))) if len(stamps) > 1 else None,
-              "generated_tokens_per_episode": float(np.mean(history["response_tokens"])),
-              "train_success": [float(x) for x in history["success_rate"]]}
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f)
-    os.replace(path + ".tmp", path)
-    shutil.rmtree(folder, ignore_errors=True)  # the run is saved; its resume state is not needed
+    program_seconds = time.perf_counter() - start
+    steady = float(np.median(np.diff(stamps))) if len(stamps) > 1 else None
+    records = []
+    for row, seed in enumerate(seeds):
+        pick = (lambda x: x) if len(seeds) == 1 else (lambda x, row=row: x[row])
+        final = jax.tree_util.tree_map(pick, state.train.params)
+        after = held_out_success(scale, env, model_config, final)
+        episodes = scale.iterations * scale.rl.batch_size
+        record = {"task": task, "seed": seed, "learning_rate": scale.rl.learning_rate,
+                  "epochs": scale.rl.epochs, "fingerprint": fingerprint(scale, env, seed, params_checksum),
+                  "before": before, "after": after, "gain": after - before, "iterations": scale.iterations,
+                  "episodes": episodes, "seeds_in_program": len(seeds),
+                  "train_seconds": program_seconds / len(seeds), "steady_seconds_per_iteration": steady,
+                  "generated_tokens_per_episode": float(np.mean(pick(history["response_tokens"]))),
+                  "train_success": [float(x) for x in pick(history["success_rate"])]}
+        path = os.path.join(out, "runs", run_name(scale, task, seed) + ".json")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            json.dump(record, f)
+        os.replace(path + ".tmp", path)
+        print(f"{run_name(scale, task, seed)}: held-out success {before:.3f} -> {after:.3f} "
+              f"({episodes} episodes, {record['train_seconds']:.0f} s per seed)", flush=True)
+        records.append(record)
+    shutil.rmtree(folder, ignore_errors=True)  # the runs are saved; their resume state is not needed
     if not os.listdir(os.path.dirname(folder)):
         os.rmdir(os.path.dirname(folder))
-    print(f"{name}: held-out success {record['before']:.3f} -> {record['after']:.3f} "
-          f"({episodes} episodes, {train_seconds:.0f} s)", flush=True)
-    return record
+    return records
 
 
 def run_name(scale: RLGainScale, task: str, seed: int) -> str:
@@ -121,6 +148,11 @@ def fingerprint(scale: RLGainScale, env, seed: int, params_checksum: str) -> str
 
 
 SETTING = ("task", "learning_rate", "epochs", "iterations")
+
+
+def rows_of(record: dict) -> int:
+    """Seeds vmapped in the record's program (1 for runs saved before programs had rows)."""
+    return record.get("seeds_in_program", 1)
 
 
 def summarize(records: list[dict], reps: int = 2000) -> list[dict]:
@@ -150,6 +182,8 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--iterations", type=int, default=None)
     parser.add_argument("--seeds", type=int, default=None)
+    parser.add_argument("--seeds-per-program", type=int, default=None,
+                        help="seeds vmapped in one compiled program (default: the scale's)")
     parser.add_argument("--out", default=None, help="output folder (default results/llm_rl_gain[_ci])")
     add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
@@ -159,7 +193,8 @@ def main(argv=None):
                                           if v is not None})
     scale = dataclasses.replace(scale, rl=rl, model=args.model or scale.model,
                                 tasks=tuple(args.task) if args.task else scale.tasks,
-                                **{k: v for k, v in (("iterations", args.iterations), ("seeds", args.seeds))
+                                **{k: v for k, v in (("iterations", args.iterations), ("seeds", args.seeds),
+                                                     ("seeds_per_program", args.seeds_per_program))
                                    if v is not None})
     if not scale.model:
         parser.error(f"--scale {args.scale} needs --model PATH (a Hugging Face folder)")
@@ -172,8 +207,8 @@ def main(argv=None):
     for task in scale.tasks:
         env = with_vocab(BPE_TASKS[task], vocab)
         before = held_out_success(scale, env, model_config, params)
-        for seed in range(scale.seeds):
-            records.append(run_one(scale, task, env, seed, params, params_checksum, model_config, out, before))
+        records += run_seeds(scale, task, env, list(range(scale.seeds)), params, params_checksum, model_config,
+                             out, before)
     # the tables cover every saved run of the folder (the probe cells and the study alike)
     saved = []
     for name in sorted(os.listdir(os.path.join(out, "runs"))):
@@ -186,11 +221,12 @@ def main(argv=None):
         {**{k: r[k] for k in SETTING}, "seed": r["seed"], "iteration": i, "train_success": s}
         for r in saved for i, s in enumerate(r["train_success"])])
     write_csv(os.path.join(out, "throughput.csv"), [  # steady state: compilation excluded
-        {**{k: r[k] for k in SETTING}, "seed": r["seed"], "episodes_per_iteration": r["episodes"] // r["iterations"],
+        {**{k: r[k] for k in SETTING}, "seed": r["seed"], "seeds_in_program": rows_of(r),
+         "episodes_per_iteration": r["episodes"] // r["iterations"] * rows_of(r),
          "seconds_per_iteration": r["steady_seconds_per_iteration"],
-         "episodes_per_s": r["episodes"] / r["iterations"] / r["steady_seconds_per_iteration"],
+         "episodes_per_s": r["episodes"] / r["iterations"] * rows_of(r) / r["steady_seconds_per_iteration"],
          "generated_tokens_per_s": (r["generated_tokens_per_episode"] * r["episodes"] / r["iterations"]
-                                    / r["steady_seconds_per_iteration"])}
+                                    * rows_of(r) / r["steady_seconds_per_iteration"])}
         for r in saved if r["steady_seconds_per_iteration"]])
     info = provenance(command=" ".join(["python experiments/llm_rl_gain.py"]
                                        + list(argv if argv is not None else sys.argv[1:])), started=started)

@@ -19,7 +19,7 @@ from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm import replay_trainer as rt
 from fresh_rl.llm.hparams import LLMHyperParams
 from fresh_rl.llm.model import preset
-from fresh_rl.llm.presets import FRESHPER_SCALES, SYNC, TASKS, WARM_START
+from fresh_rl.llm.presets import FRESHPER_SCALES, SYNC, TASKS, WARM_START, freshper_methods
 from fresh_rl.llm.trainer import RLConfig, loop_keys, stack_rows
 from fresh_rl.llm.warm_start import restore_params
 from fresh_rl.sweep.checkpoint import RunCheckpointer
@@ -115,6 +115,20 @@ def test_zero_replay_updates_is_exactly_on_policy(params):
                  ("loss", "success_rate", "mean_return", "clip_fraction", "grad_norm"))
     assert np.all(on_policy[1]["replay/updates"] == 0)
     assert np.all(on_policy[1]["buffer_size"][:, -1] == SCALE.iterations * CONFIG.batch_size)
+
+
+def test_on_policy_with_one_plus_k_epochs_matches_the_replay_update_count(params):
+    """The matched control: K = 0 with fresh_epochs = 1 + K makes as many optimizer updates
+    per iteration as PER with K replay updates (counted by the trainer's step), and its only
+    batch is the fresh one."""
+    methods = dict(freshper_methods(4.0, 1, 32, controls=True))
+    matched, per = (_run(methods[m], params) for m in ("on_policy_epochs", "per"))
+    steps = SCALE.iterations * 2 * CONFIG.minibatches
+    assert np.all(np.asarray(matched[0].pipeline.train.step) == steps)
+    assert np.all(np.asarray(per[0].pipeline.train.step) == steps)
+    assert np.all(matched[1]["replay/updates"] == 0)
+    with pytest.raises(ValueError, match="fresh_epochs"):
+        rt.LLMReplayConfig(fresh_epochs=0)
 
 
 def test_infinite_tau_is_exactly_standard_per(params):

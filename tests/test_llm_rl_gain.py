@@ -28,13 +28,15 @@ def test_ci_scale_records_paired_held_out_gains(ci_study):
         assert r["gain"] == r["after"] - r["before"] and 0.0 <= r["after"] <= 1.0
         assert r["episodes"] == 2 * 8 and len(r["train_success"]) == 2
         assert r["steady_seconds_per_iteration"] > 0
+        assert r["seeds_in_program"] == 2  # the ci scale vmaps its two seeds in one program
     assert records[0]["before"] == records[1]["before"]  # one warm start, the same episodes
     (row,) = rows
     table = list(csv.DictReader(open(out / "gain.csv")))
     assert len(table) == 1 and int(table[0]["seeds"]) == 2
     np.testing.assert_allclose(float(table[0]["gain"]), np.mean([r["gain"] for r in records]))
     assert len(list(csv.DictReader(open(out / "curves.csv")))) == 2 * 2
-    assert len(list(csv.DictReader(open(out / "throughput.csv")))) == 2
+    throughput = list(csv.DictReader(open(out / "throughput.csv")))
+    assert len(throughput) == 2 and {r["episodes_per_iteration"] for r in throughput} == {str(2 * 8)}
     assert not (out / "checkpoints").exists()  # saved runs drop their resume state
 
 

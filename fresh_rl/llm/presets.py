@@ -131,6 +131,7 @@ class RLGainScale:
     iterations: int
     eval_episodes: int
     checkpoint_every: int = 10
+    seeds_per_program: int = 1  # seeds vmapped in one compiled program
 
 
 # Our choice before the probe (results/llm_rl_gain/README.md records the probe): 8 prompts × 8
@@ -142,7 +143,7 @@ RL_GAIN_SCALES = {
     # the test suite: the random-weight stand-in, 2 iterations of 2 prompts × 4 rollouts
     "ci": RLGainScale(model=BPE_STANDIN, rl=dataclasses.replace(RL_GAIN_RL, num_groups=2, group_size=4),
                       tasks=("arithmetic",), seeds=2, iterations=2, eval_episodes=16,
-                      checkpoint_every=1),
+                      checkpoint_every=1, seeds_per_program=2),
     "cpu": RLGainScale(model=BPE_WARM_START, rl=RL_GAIN_RL, tasks=tuple(BPE_TASKS), seeds=5,
                        iterations=60, eval_episodes=512),
     # one GPU, a real checkpoint (--model): the old-logit paper scale's batch and learning rate
@@ -283,16 +284,22 @@ class FreshPERScale:
         return [(tau, seed) for tau in taus for seed in range(self.seeds)]
 
 
-def freshper_methods(tau: float, replay_updates: int, capacity: int):
+def freshper_methods(tau: float, replay_updates: int, capacity: int, controls: bool = False):
     """The compared methods: on-policy (K = 0), standard PER, FreshPER (τ), FreshPER without
-    importance weights and with online τ."""
+    importance weights and with online τ; with ``controls`` also the matched controls
+    on-policy with 1 + K epochs (the replay methods' update count) and uniform replay."""
     base = rt.LLMReplayConfig(replay_updates=replay_updates, capacity=capacity,
                               age_decay_tau=tau)
-    return (("on_policy", dataclasses.replace(base, replay_updates=0, sampling="uniform")),
-            ("per", dataclasses.replace(base, sampling="per")),
-            ("freshper", base),
-            ("freshper_no_is", dataclasses.replace(base, importance_correction=False)),
-            ("freshper_auto_tau", dataclasses.replace(base, auto_tau=True)))
+    on_policy = dataclasses.replace(base, replay_updates=0, sampling="uniform")
+    methods = (("on_policy", on_policy),
+               ("per", dataclasses.replace(base, sampling="per")),
+               ("freshper", base),
+               ("freshper_no_is", dataclasses.replace(base, importance_correction=False)),
+               ("freshper_auto_tau", dataclasses.replace(base, auto_tau=True)))
+    if controls:
+        methods += (("on_policy_epochs", dataclasses.replace(on_policy, fresh_epochs=1 + replay_updates)),
+                    ("uniform", dataclasses.replace(base, sampling="uniform")))
+    return methods
 
 
 FRESHPER_SCALES = {
@@ -317,6 +324,17 @@ FRESHPER_SCALES = {
         rl=dataclasses.replace(FRESHPER_RL, num_groups=2, learning_rate=1e-4),
         tasks=("search_qa",), methods=freshper_methods(8.0, 4, 256)[:3], taus=(), seeds=5,
         iterations=32),
+    # Issue 19's pilot on the BPE warm start: how fast the stored trajectories' ESS decays
+    # with age (ess_fit.csv), which sets the confirmation's τ grid (multiples of the time
+    # constant) and buffer (≥ 10 time constants). Standard PER (τ = ∞) keeps every age, K = 1,
+    # REINFORCE++ as the paper at the RL-gain study's learning rate, 64 episodes per
+    # iteration, a buffer holding the whole run.
+    "bpe-pilot": FreshPERScale(
+        rl=dataclasses.replace(FRESHPER_RL, num_groups=8, group_size=8,
+                               learning_rate=RL_GAIN_RL.learning_rate),
+        tasks=("arithmetic",), methods=(("per", rt.LLMReplayConfig(
+            replay_updates=1, capacity=64 * 40, sampling="per")),), taus=(), seeds=3,
+        iterations=40, model=BPE_WARM_START),
     "paper": FreshPERScale(
         rl=dataclasses.replace(FRESHPER_RL, num_groups=128, group_size=8, learning_rate=1e-6,
                                minibatches=4, remat=True),  # as the old-logit paper scale

@@ -29,7 +29,8 @@ One jitted iteration at learner version k (the authors' loop; docs/freshper.md, 
 
 Age is counted in iterations (policy versions), the authors' outer-step clock: one iteration
 is 1 + K updates, so τ = 500 in the paper is 500 iterations. Standard PER is
-``sampling="per"`` (or ``"freshper"`` with τ = ∞); on-policy is K = 0.
+``sampling="per"`` (or ``"freshper"`` with τ = ∞); on-policy is K = 0 (with ``fresh_epochs =
+1 + K``: on-policy at the replay methods' number of optimizer updates).
 
 **Online τ (beyond the paper).** With ``auto_tau`` the buffer's τ follows the measured drift:
 after each replay update the token-level ``kl_k3`` of r_s between the learner and the stored
@@ -98,6 +99,10 @@ class LLMReplayConfig:
         docs/freshper.md puts c at order 1–2).
       auto_tau_momentum: EMA momentum of κ̂ (our choice 0.9).
       auto_tau_bounds: (τ_min, τ_max) clip of the online τ.
+      fresh_epochs: epochs of the fresh step on the fresh batch (None: ``RLConfig.epochs``).
+        With ``replay_updates = 0`` and ``fresh_epochs = 1 + K`` it is the on-policy control
+        that makes as many optimizer updates per iteration as a replay method with K (our
+        matched control; the paper compares against plain on-policy only).
     """
 
     replay_updates: int = 1
@@ -116,6 +121,7 @@ class LLMReplayConfig:
     auto_tau_ess_coefficient: float = 1.0
     auto_tau_momentum: float = 0.9
     auto_tau_bounds: tuple[float, float] = (1.0, 1e4)
+    fresh_epochs: Optional[int] = None
 
     def __post_init__(self):
         require_int("LLMReplayConfig.replay_updates", self.replay_updates, 0)
@@ -139,6 +145,8 @@ class LLMReplayConfig:
                          self.auto_tau_ess_coefficient, 0.0, math.inf, low_inclusive=False)
         require_in_range("LLMReplayConfig.auto_tau_momentum", self.auto_tau_momentum, 0.0, 1.0,
                          high_inclusive=False)
+        if self.fresh_epochs is not None:
+            require_int("LLMReplayConfig.fresh_epochs", self.fresh_epochs, 1)
         low, high = self.auto_tau_bounds
         if not 0 < low <= high:
             raise ValueError(f"LLMReplayConfig.auto_tau_bounds must satisfy 0 < min <= max, "
@@ -294,7 +302,9 @@ def iteration(state: ReplayLoopState, key, *, config: RLConfig, async_config: ap
     fresh = ap.prepare(pipeline, key, config=config, async_config=async_config, env=env,
                        model_config=model_config)
     proximal = async_config.route.proximal
-    train, fresh_update = update(pipeline.train, fresh.batch, ap.update_key(key), config=config,
+    fresh_config = (config if replay_config.fresh_epochs is None
+                    else dataclasses.replace(config, epochs=replay_config.fresh_epochs))
+    train, fresh_update = update(pipeline.train, fresh.batch, ap.update_key(key), config=fresh_config,
                                  model_config=model_config, proximal=proximal)
     metrics = ap.fresh_metrics(fresh, fresh_update, learner_version, config=config)
 
