@@ -7,7 +7,8 @@ so every episode is scored against its acting version), ``iterations`` iteration
 final policy are scored on the same ``eval_episodes`` held-out episodes (prompts and sampling
 keys of ``fresh_rl.llm.evaluation.EVAL_SEED``, disjoint from the training keys; bf16 sampler at
 temperature 1): a paired comparison. Gain = after − before per seed; ``gain.csv`` has the seed
-mean with its 95% bootstrap interval per task, ``curves.csv`` the training success per iteration,
+mean with its 95% bootstrap interval per task, ``curves.csv`` the training success, entropy,
+update KL and gradient norm per iteration,
 and ``throughput.csv`` episodes/s and generated tokens/s of the RL iteration in steady state
 (median iteration time, the first iteration's compilation and the evaluation excluded).
 
@@ -42,7 +43,7 @@ from fresh_rl.eval import seed_interval
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm.checkpoint import add_model_flag, load_hf_model
 from fresh_rl.llm.evaluation import evaluate_policies
-from fresh_rl.llm.presets import BPE_TASKS, RESULTS, RL_GAIN_SCALES, RLGainScale
+from fresh_rl.llm.presets import BPE_TASKS, RESULTS, RL_GAIN_RL, RL_GAIN_SCALES, RLGainScale
 from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.provenance import provenance, write_csv
 from fresh_rl.sweep.checkpoint import RunCheckpointer
@@ -79,8 +80,7 @@ def run_seeds(scale: RLGainScale, task: str, env, seeds: list[int], params, para
     for seed in seeds:
         path = os.path.join(out, "runs", run_name(scale, task, seed) + ".json")
         if os.path.exists(path):
-            with open(path) as f:
-                record = json.load(f)
+            record = load_record(path)
             if record["fingerprint"] == fingerprint(scale, env, seed, params_checksum):
                 print(f"[resume] {run_name(scale, task, seed)}: loaded", flush=True)
                 records[seed] = record
@@ -116,12 +116,13 @@ def run_program(scale: RLGainScale, task: str, env, seeds: list[int], params, pa
         after = held_out_success(scale, env, model_config, final)
         episodes = scale.iterations * scale.rl.batch_size
         record = {"task": task, "seed": seed, "learning_rate": scale.rl.learning_rate,
-                  "epochs": scale.rl.epochs, "fingerprint": fingerprint(scale, env, seed, params_checksum),
+                  "epochs": scale.rl.epochs, "num_groups": scale.rl.num_groups, "fingerprint": fingerprint(scale, env, seed, params_checksum),
                   "before": before, "after": after, "gain": after - before, "iterations": scale.iterations,
                   "episodes": episodes, "seeds_in_program": len(seeds),
                   "train_seconds": program_seconds / len(seeds), "steady_seconds_per_iteration": steady,
                   "generated_tokens_per_episode": float(np.mean(pick(history["response_tokens"]))),
-                  "train_success": [float(x) for x in pick(history["success_rate"])]}
+                  **{f"train_{name}": [float(x) for x in pick(history[metric])]
+                     for name, metric in CURVES.items()}}
         path = os.path.join(out, "runs", run_name(scale, task, seed) + ".json")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path + ".tmp", "w") as f:
@@ -137,8 +138,11 @@ def run_program(scale: RLGainScale, task: str, env, seeds: list[int], params, pa
 
 
 def run_name(scale: RLGainScale, task: str, seed: int) -> str:
-    """A run's file name: task, the probed settings (learning rate, epochs, iterations), seed."""
-    return f"{task}_lr{scale.rl.learning_rate:g}_ep{scale.rl.epochs}_it{scale.iterations}_seed{seed}"
+    """A run's file name: task, the probed settings (learning rate, epochs, prompts per
+    iteration when not the default :data:`RL_GAIN_RL`'s, iterations), seed."""
+    groups = "" if scale.rl.num_groups == RL_GAIN_RL.num_groups else f"_g{scale.rl.num_groups}"
+    return (f"{task}_lr{scale.rl.learning_rate:g}_ep{scale.rl.epochs}{groups}_it{scale.iterations}"
+            f"_seed{seed}")
 
 
 def fingerprint(scale: RLGainScale, env, seed: int, params_checksum: str) -> str:
@@ -147,7 +151,19 @@ def fingerprint(scale: RLGainScale, env, seed: int, params_checksum: str) -> str
     return repr((scale.rl, scale.iterations, scale.eval_episodes, env, seed, params_checksum))
 
 
-SETTING = ("task", "learning_rate", "epochs", "iterations")
+SETTING = ("task", "learning_rate", "epochs", "num_groups", "iterations")
+# per-iteration curves of a run (record key train_<name>): the fresh batch's success, the
+# policy's mean token entropy, the KL (k3) of the update's ratio and the gradient norm
+CURVES = {"success": "success_rate", "entropy": "entropy", "kl_k3": "kl_k3", "grad_norm": "grad_norm"}
+
+
+def load_record(path: str) -> dict:
+    """A saved run; records written before ``num_groups`` was recorded ran
+    :data:`RL_GAIN_RL`'s 8 prompts per iteration."""
+    with open(path) as f:
+        record = json.load(f)
+    record.setdefault("num_groups", RL_GAIN_RL.num_groups)
+    return record
 
 
 def rows_of(record: dict) -> int:
@@ -180,6 +196,8 @@ def main(argv=None):
                         help="run only these tasks (repeatable; default: the scale's)")
     parser.add_argument("--lr", type=float, default=None, help="learning rate (default: the scale's)")
     parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument("--groups", type=int, default=None,
+                        help="prompts per iteration (× group size 8 episodes; default: the scale's)")
     parser.add_argument("--iterations", type=int, default=None)
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--seeds-per-program", type=int, default=None,
@@ -189,8 +207,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     enable_from_args(args)
     scale = RL_GAIN_SCALES[args.scale]
-    rl = dataclasses.replace(scale.rl, **{k: v for k, v in (("learning_rate", args.lr), ("epochs", args.epochs))
-                                          if v is not None})
+    rl = dataclasses.replace(scale.rl, **{k: v for k, v in (("learning_rate", args.lr), ("epochs", args.epochs),
+                                                            ("num_groups", args.groups)) if v is not None})
     scale = dataclasses.replace(scale, rl=rl, model=args.model or scale.model,
                                 tasks=tuple(args.task) if args.task else scale.tasks,
                                 **{k: v for k, v in (("iterations", args.iterations), ("seeds", args.seeds),
@@ -212,14 +230,14 @@ def main(argv=None):
     # the tables cover every saved run of the folder (the probe cells and the study alike)
     saved = []
     for name in sorted(os.listdir(os.path.join(out, "runs"))):
-        with open(os.path.join(out, "runs", name)) as f:
-            saved.append(json.load(f))
+        saved.append(load_record(os.path.join(out, "runs", name)))
     saved.sort(key=lambda r: (tuple(str(r[k]) for k in SETTING), r["seed"]))
     rows = summarize(saved)
     write_csv(os.path.join(out, "gain.csv"), rows)
     write_csv(os.path.join(out, "curves.csv"), [
-        {**{k: r[k] for k in SETTING}, "seed": r["seed"], "iteration": i, "train_success": s}
-        for r in saved for i, s in enumerate(r["train_success"])])
+        {**{k: r[k] for k in SETTING}, "seed": r["seed"], "iteration": i,
+         **{f"train_{name}": r[f"train_{name}"][i] for name in CURVES if f"train_{name}" in r}}
+        for r in saved for i in range(len(r["train_success"]))])
     write_csv(os.path.join(out, "throughput.csv"), [  # steady state: compilation excluded
         {**{k: r[k] for k in SETTING}, "seed": r["seed"], "seeds_in_program": rows_of(r),
          "episodes_per_iteration": r["episodes"] // r["iterations"] * rows_of(r),
@@ -235,7 +253,7 @@ def main(argv=None):
                    "iterations": scale.iterations, "seeds": scale.seeds, "eval_episodes": scale.eval_episodes,
                    "tasks": {t: repr(BPE_TASKS[t]) for t in scale.tasks}}, f, indent=1)
     for r in rows:
-        print(f"{r['task']} lr {r['learning_rate']:g} epochs {r['epochs']} × {r['iterations']}: held-out {r['before']:.3f} -> {r['after']:.3f}, gain {r['gain']:+.3f} "
+        print(f"{r['task']} lr {r['learning_rate']:g} epochs {r['epochs']} groups {r['num_groups']} × {r['iterations']}: held-out {r['before']:.3f} -> {r['after']:.3f}, gain {r['gain']:+.3f} "
               f"[{r['gain_ci_low']:+.3f}, {r['gain_ci_high']:+.3f}] over {r['seeds']} seeds", flush=True)
     return rows, records
 

@@ -361,14 +361,13 @@ def test_ci_experiment_improves_arithmetic_reward_over_the_warm_start(ci_run):
     assert rows["snapshot_W1_seed0", "training"] - rows["warm_start", "training"] >= 0.04
 
 
-def test_bpe_ci_experiment_random_staleness_and_saved_evaluations(tmp_path):
+def test_bpe_ci_experiment_random_staleness_and_saved_evaluations(load_experiment, tmp_path):
     """The BPE confirmation's test version (stand-in model folder named by the scale itself,
     random staleness U{0..W}, W ∈ {1, 4}): each run's held-out evaluation is written with it,
     and a --resume rerun rebuilds eval.csv / eval_summary.csv from the saved runs alone."""
     out = str(tmp_path / "bpe_ci")
-    command = [sys.executable, os.path.join(ROOT, "experiments", "old_logits.py"), "--scale", "bpe-ci",
-               "--out", out]
-    subprocess.run(command, check=True, cwd=ROOT)
+    experiment = load_experiment("old_logits")  # in process: the compiled programs are shared
+    experiment.main(["--scale", "bpe-ci", "--out", out])
     assert {r["window"] for r in _read_csv(os.path.join(out, "summary.csv"))} == {"1", "4"}
     # the lag L ~ U{0..w}, clipped to the versions the ring holds at step i (≤ i): never above
     # min(w, i), and (unlike the fixed lag, always min(w, i)) below it at some step
@@ -378,7 +377,7 @@ def test_bpe_ci_experiment_random_staleness_and_saved_evaluations(tmp_path):
     for w in ("1", "4"):
         assert os.path.exists(os.path.join(out, "runs", f"ewma_W{w}_seed0.eval.json"))
     os.remove(os.path.join(out, "eval.csv"))
-    subprocess.run(command + ["--resume"], check=True, cwd=ROOT)
+    experiment.main(["--scale", "bpe-ci", "--out", out, "--resume"])
     rows = _read_csv(os.path.join(out, "eval.csv"))
     assert [r["policy"] for r in rows] == ["warm_start", "ewma_W1_seed0", "ewma_W4_seed0"]
     summary = _read_csv(os.path.join(out, "eval_summary.csv"))

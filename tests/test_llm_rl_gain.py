@@ -54,7 +54,7 @@ def test_second_invocation_loads_the_saved_runs(ci_study, capsys):
 def test_summarize_matches_numpy(load_experiment):
     module = load_experiment("llm_rl_gain")
     rng = np.random.default_rng(0)
-    records = [{"task": t, "learning_rate": lr, "epochs": 1, "iterations": 40, "seed": s, "before": b,
+    records = [{"task": t, "learning_rate": lr, "epochs": 1, "num_groups": 8, "iterations": 40, "seed": s, "before": b,
                 "after": b + g, "gain": g, "episodes": 64, "train_seconds": 60.0 * (s + 1)}
                for t in ("countdown", "sokoban") for lr in (1e-4, 3e-4)
                for s, (b, g) in enumerate(rng.uniform(0, 0.3, (5, 2)))]
