@@ -5,7 +5,7 @@
 
 Rows, one program per (task, episodes per iteration B = groups × 8, vmapped seeds S):
 
-* ``iteration``: the synchronous GRPO iteration of ``experiments/llm_rl_gain.py`` (bf16
+* ``iteration``: the GRPO iteration of ``experiments/llm_rl_gain.py`` at ``--window`` (bf16
   sampling of B episodes, fp32 scoring, advantages, one epoch of the decoupled loss, AdamW),
   run through :func:`fresh_rl.llm.async_pipeline.train_loop` as the study runs it; median
   seconds per iteration over ``--repeats`` iterations after the first (compilation, reported
@@ -41,15 +41,16 @@ from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.llm.trainer import collect
 from fresh_rl.provenance import provenance, provenance_line, write_csv
 
-SYNCHRONOUS = ap.AsyncConfig(staleness_window=1, old_logit_route="snapshot")
 
 
-def time_iterations(rl, env, model_config, params, seeds: int, repeats: int) -> dict:
+def time_iterations(rl, env, model_config, params, seeds: int, repeats: int, window: int) -> dict:
     """(compile + first iteration s, median steady s per iteration, action tokens per episode)
-    of ``repeats + 1`` iterations of the study's loop (S = ``seeds`` vmapped rows)."""
+    of ``repeats + 1`` iterations of the study's loop (S = ``seeds`` vmapped rows, staleness
+    window ``window`` with snapshot old logits)."""
     stamps = [time.perf_counter()]
-    _, history = ap.train_loop(rl, SYNCHRONOUS, seeds if seeds == 1 else list(range(seeds)), repeats + 1,
-                               params=params, env=env, model_config=model_config, window=1,
+    pipeline = ap.AsyncConfig(staleness_window=window, old_logit_route="snapshot")
+    _, history = ap.train_loop(rl, pipeline, seeds if seeds == 1 else list(range(seeds)), repeats + 1,
+                               params=params, env=env, model_config=model_config, window=window,
                                log=lambda i, metrics: stamps.append(time.perf_counter()))
     steps = np.diff(stamps)
     return {"compile_s": float(steps[0]), "median_s": float(np.median(steps[1:])),
@@ -117,6 +118,8 @@ def main(argv=None):
     parser.add_argument("--batches", default="32,64,128", help="episodes per iteration (multiples of 8)")
     parser.add_argument("--seeds", default="1,4", help="vmapped seed rows at B = 64")
     parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--window", type=int, default=0,
+                        help="staleness window (0: on-policy, experiments/llm_rl_gain.py's default)")
     parser.add_argument("--out", default="results/bench")
     parser.add_argument("--no-anchor", action="store_true", help="skip transformers' generate")
     args = parser.parse_args(argv)
@@ -133,7 +136,7 @@ def main(argv=None):
                 parser.error(f"--batches: {batch} is not a multiple of the group size {RL_GAIN_RL.group_size}")
             rl = dataclasses.replace(RL_GAIN_RL, num_groups=batch // RL_GAIN_RL.group_size)
             shape = f"B={batch} S={seeds}"
-            t = time_iterations(rl, env, model_config, params, seeds, args.repeats)
+            t = time_iterations(rl, env, model_config, params, seeds, args.repeats, args.window)
             episodes = batch * seeds
             rows.append({"task": task, "benchmark": "iteration", "shape": shape, "compile_s": t["compile_s"],
                          "median_s": t["median_s"], "episodes_per_s": episodes / t["median_s"],
@@ -182,7 +185,7 @@ program. Tokens/s counts generated action tokens (all S rows).
 |---|---|---|---|---|---|---|---|
 {table}
 
-`iteration` is the whole synchronous GRPO iteration of `experiments/llm_rl_gain.py`;
+`iteration` is the whole GRPO iteration of `experiments/llm_rl_gain.py` (staleness window {args.window});
 `generation` its sampling part; `generation_fixed_length` and `hf_generate` sample exactly
 N tokens (no stop token) from the same prompts with the same weights, ours in bf16 with a
 KV cache under jit, transformers' `generate` in fp32 on torch with every core.

@@ -1,8 +1,9 @@
 """Does RL raise held-out success from the BPE warm start? GRPO per task × seed, before and after.
 
 For each task of the scale (``fresh_rl.llm.presets.RL_GAIN_SCALES``) and each seed: synchronous
-GRPO from the Hugging Face folder (the pipeline at staleness window 1 with snapshot old logits,
-so every episode is scored against its acting version), ``iterations`` iterations of
+GRPO from the Hugging Face folder (the pipeline at ``staleness_window`` 0, on-policy, with
+snapshot old logits; the first probe cells ran at window 1, every batch one version stale),
+``iterations`` iterations of
 ``num_groups`` prompts × ``group_size`` rollouts on fresh prompts. Then the warm start and the
 final policy are scored on the same ``eval_episodes`` held-out episodes (prompts and sampling
 keys of ``fresh_rl.llm.evaluation.EVAL_SEED``, disjoint from the training keys; bf16 sampler at
@@ -14,7 +15,7 @@ and ``throughput.csv`` episodes/s and generated tokens/s of the RL iteration in 
 
 Seeds run ``seeds_per_program`` at a time, vmapped in one compiled program (each row has the
 key schedule of a single run). Resumable: a finished run is
-``runs/<task>_lr<lr>_ep<epochs>_it<iterations>_seed<s>.json``; a running program checkpoints
+``runs/<task>_lr<lr>_ep<epochs>[_g<groups>]_W<window>_it<iterations>_seed<s>.json``; a running program checkpoints
 every ``checkpoint_every`` iterations (``checkpoints/``) and restarts from there. The tables cover every saved run of the output folder, one row per setting (task,
 learning rate, epochs, iterations), so the probe's cells (``--lr``, ``--epochs``,
 ``--iterations``, ``--seeds 1``) and the study's runs share one folder.
@@ -49,7 +50,12 @@ from fresh_rl.provenance import provenance, write_csv
 from fresh_rl.sweep.checkpoint import RunCheckpointer
 from fresh_rl.sweep.integrity import tree_checksum
 
-SYNCHRONOUS = ap.AsyncConfig(staleness_window=1, old_logit_route="snapshot")
+
+
+def pipeline_config(scale: RLGainScale) -> ap.AsyncConfig:
+    """The pipeline of a run: staleness window ``scale.staleness_window`` (0: on-policy, each
+    batch collected by the version it updates) with snapshot old logits (exact)."""
+    return ap.AsyncConfig(staleness_window=scale.staleness_window, old_logit_route="snapshot")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,9 +108,10 @@ def run_program(scale: RLGainScale, task: str, env, seeds: list[int], params, pa
     key = repr([fingerprint(scale, env, seed, params_checksum) for seed in seeds])
     stamps = []
     start = time.perf_counter()
-    state, history = ap.train_loop(scale.rl, SYNCHRONOUS, seeds[0] if len(seeds) == 1 else seeds,
+    state, history = ap.train_loop(scale.rl, pipeline_config(scale), seeds[0] if len(seeds) == 1 else seeds,
                                    scale.iterations, params=params, env=env, model_config=model_config,
-                                   window=1, checkpointer=RunCheckpointer(folder, fingerprint=key),
+                                   window=scale.staleness_window,
+                                   checkpointer=RunCheckpointer(folder, fingerprint=key),
                                    checkpoint_every=scale.checkpoint_every,
                                    log=lambda i, metrics: stamps.append(time.perf_counter()))
     program_seconds = time.perf_counter() - start
@@ -116,7 +123,8 @@ def run_program(scale: RLGainScale, task: str, env, seeds: list[int], params, pa
         after = held_out_success(scale, env, model_config, final)
         episodes = scale.iterations * scale.rl.batch_size
         record = {"task": task, "seed": seed, "learning_rate": scale.rl.learning_rate,
-                  "epochs": scale.rl.epochs, "num_groups": scale.rl.num_groups, "fingerprint": fingerprint(scale, env, seed, params_checksum),
+                  "epochs": scale.rl.epochs, "num_groups": scale.rl.num_groups,
+                  "staleness_window": scale.staleness_window, "fingerprint": fingerprint(scale, env, seed, params_checksum),
                   "before": before, "after": after, "gain": after - before, "iterations": scale.iterations,
                   "episodes": episodes, "seeds_in_program": len(seeds),
                   "train_seconds": program_seconds / len(seeds), "steady_seconds_per_iteration": steady,
@@ -139,30 +147,32 @@ def run_program(scale: RLGainScale, task: str, env, seeds: list[int], params, pa
 
 def run_name(scale: RLGainScale, task: str, seed: int) -> str:
     """A run's file name: task, the probed settings (learning rate, epochs, prompts per
-    iteration when not the default :data:`RL_GAIN_RL`'s, iterations), seed."""
+    iteration when not the default :data:`RL_GAIN_RL`'s, staleness window, iterations), seed."""
     groups = "" if scale.rl.num_groups == RL_GAIN_RL.num_groups else f"_g{scale.rl.num_groups}"
-    return (f"{task}_lr{scale.rl.learning_rate:g}_ep{scale.rl.epochs}{groups}_it{scale.iterations}"
-            f"_seed{seed}")
+    return (f"{task}_lr{scale.rl.learning_rate:g}_ep{scale.rl.epochs}{groups}_W{scale.staleness_window}"
+            f"_it{scale.iterations}_seed{seed}")
 
 
 def fingerprint(scale: RLGainScale, env, seed: int, params_checksum: str) -> str:
-    """What a saved run must match to be reused: the RL settings, budget, evaluation size,
-    task, seed and initial weights (not the scale's other tasks or seed count)."""
-    return repr((scale.rl, scale.iterations, scale.eval_episodes, env, seed, params_checksum))
+    """What a saved run must match to be reused: the RL settings, staleness window, budget,
+    evaluation size, task, seed and initial weights (not the scale's other tasks or seed count)."""
+    return repr((scale.rl, scale.staleness_window, scale.iterations, scale.eval_episodes, env, seed,
+                 params_checksum))
 
 
-SETTING = ("task", "learning_rate", "epochs", "num_groups", "iterations")
+SETTING = ("task", "learning_rate", "epochs", "num_groups", "staleness_window", "iterations")
 # per-iteration curves of a run (record key train_<name>): the fresh batch's success, the
 # policy's mean token entropy, the KL (k3) of the update's ratio and the gradient norm
 CURVES = {"success": "success_rate", "entropy": "entropy", "kl_k3": "kl_k3", "grad_norm": "grad_norm"}
 
 
 def load_record(path: str) -> dict:
-    """A saved run; records written before ``num_groups`` was recorded ran
-    :data:`RL_GAIN_RL`'s 8 prompts per iteration."""
+    """A saved run; records written before ``num_groups`` and ``staleness_window`` were
+    recorded ran :data:`RL_GAIN_RL`'s 8 prompts per iteration at window 1 (one version stale)."""
     with open(path) as f:
         record = json.load(f)
     record.setdefault("num_groups", RL_GAIN_RL.num_groups)
+    record.setdefault("staleness_window", 1)
     return record
 
 
@@ -199,6 +209,8 @@ def main(argv=None):
     parser.add_argument("--groups", type=int, default=None,
                         help="prompts per iteration (× group size 8 episodes; default: the scale's)")
     parser.add_argument("--iterations", type=int, default=None)
+    parser.add_argument("--window", type=int, default=None,
+                        help="staleness window (0: on-policy; default: the scale's)")
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--seeds-per-program", type=int, default=None,
                         help="seeds vmapped in one compiled program (default: the scale's)")
@@ -212,7 +224,8 @@ def main(argv=None):
     scale = dataclasses.replace(scale, rl=rl, model=args.model or scale.model,
                                 tasks=tuple(args.task) if args.task else scale.tasks,
                                 **{k: v for k, v in (("iterations", args.iterations), ("seeds", args.seeds),
-                                                     ("seeds_per_program", args.seeds_per_program))
+                                                     ("seeds_per_program", args.seeds_per_program),
+                                                     ("staleness_window", args.window))
                                    if v is not None})
     if not scale.model:
         parser.error(f"--scale {args.scale} needs --model PATH (a Hugging Face folder)")
@@ -253,7 +266,7 @@ def main(argv=None):
                    "iterations": scale.iterations, "seeds": scale.seeds, "eval_episodes": scale.eval_episodes,
                    "tasks": {t: repr(BPE_TASKS[t]) for t in scale.tasks}}, f, indent=1)
     for r in rows:
-        print(f"{r['task']} lr {r['learning_rate']:g} epochs {r['epochs']} groups {r['num_groups']} × {r['iterations']}: held-out {r['before']:.3f} -> {r['after']:.3f}, gain {r['gain']:+.3f} "
+        print(f"{r['task']} lr {r['learning_rate']:g} epochs {r['epochs']} groups {r['num_groups']} W {r['staleness_window']} × {r['iterations']}: held-out {r['before']:.3f} -> {r['after']:.3f}, gain {r['gain']:+.3f} "
               f"[{r['gain_ci_low']:+.3f}, {r['gain_ci_high']:+.3f}] over {r['seeds']} seeds", flush=True)
     return rows, records
 

@@ -47,7 +47,7 @@ def test_second_invocation_loads_the_saved_runs(ci_study, capsys):
     assert capsys.readouterr().out.count("[resume]") == 2
     assert {p.name: p.stat().st_mtime_ns for p in (out / "runs").iterdir()} == stamps
     assert again == records
-    saved = json.load(open(out / "runs" / "arithmetic_lr0.0001_ep1_it2_seed0.json"))
+    saved = json.load(open(out / "runs" / "arithmetic_lr0.0001_ep1_W0_it2_seed0.json"))
     assert saved["fingerprint"] == records[0]["fingerprint"]
 
 

@@ -117,8 +117,8 @@ def model_folder(model: str) -> Optional[str]:
 @dataclasses.dataclass(frozen=True)
 class RLGainScale:
     """One scale of ``experiments/llm_rl_gain.py`` (issue 19: does RL raise *held-out*
-    success from the warm start?): synchronous GRPO (the pipeline at staleness window 1,
-    snapshot old logits) from the Hugging Face folder ``model`` on each of ``tasks``
+    success from the warm start?): GRPO through the pipeline at ``staleness_window`` (0:
+    on-policy; snapshot old logits) from the Hugging Face folder ``model`` on each of ``tasks``
     (:data:`BPE_TASKS`, speaking the folder's tokenizer) for ``iterations`` iterations ×
     ``seeds`` seeds; the warm start and the final policy are scored on the same
     ``eval_episodes`` held-out episodes. No KL term (the trainer has none; our choice, as
@@ -132,11 +132,12 @@ class RLGainScale:
     eval_episodes: int
     checkpoint_every: int = 10
     seeds_per_program: int = 1  # seeds vmapped in one compiled program
+    staleness_window: int = 0  # 0: on-policy (each batch from the version it updates)
 
 
 # Our choice before the probe (results/llm_rl_gain/README.md records the probe): 8 prompts × 8
-# rollouts = 64 episodes per iteration, one epoch, the decoupled PPO loss (at window 1 with
-# snapshots its proximal policy is the acting one: PPO-clip on fresh data).
+# rollouts = 64 episodes per iteration, one epoch, the decoupled PPO loss (with snapshots its
+# proximal policy is the acting one; on-policy at window 0 it is PPO-clip on fresh data).
 RL_GAIN_RL = RLConfig(estimator="grpo", num_groups=8, group_size=8, learning_rate=1e-4,
                       loss="decoupled")
 RL_GAIN_SCALES = {
