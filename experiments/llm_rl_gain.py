@@ -215,6 +215,8 @@ def main(argv=None):
     parser.add_argument("--seeds-per-program", type=int, default=None,
                         help="seeds vmapped in one compiled program (default: the scale's)")
     parser.add_argument("--out", default=None, help="output folder (default results/llm_rl_gain[_ci])")
+    parser.add_argument("--tables-only", action="store_true",
+                        help="run nothing: rewrite the tables from the saved runs")
     add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
     enable_from_args(args)
@@ -235,7 +237,7 @@ def main(argv=None):
     model_config, params, vocab = load_hf_model(scale.model)
     params_checksum = tree_checksum(params)  # the same initial weights for every run
     records = []
-    for task in scale.tasks:
+    for task in () if args.tables_only else scale.tasks:
         env = with_vocab(BPE_TASKS[task], vocab)
         before = held_out_success(scale, env, model_config, params)
         records += run_seeds(scale, task, env, list(range(scale.seeds)), params, params_checksum, model_config,

@@ -49,6 +49,9 @@ def test_second_invocation_loads_the_saved_runs(ci_study, capsys):
     assert again == records
     saved = json.load(open(out / "runs" / "arithmetic_lr0.0001_ep1_W0_it2_seed0.json"))
     assert saved["fingerprint"] == records[0]["fingerprint"]
+    (out / "gain.csv").unlink()
+    rows, ran = module.main(["--scale", "ci", "--out", str(out), "--tables-only"])
+    assert ran == [] and [r["seeds"] for r in rows] == [2] and (out / "gain.csv").exists()
 
 
 def test_summarize_matches_numpy(load_experiment):
