@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 
 import jax
@@ -26,19 +25,7 @@ from fresh_rl.llm.sampler import (SamplingConfig, generate, join_prompt_and_gene
                                   token_logprobs_and_entropy)
 from fresh_rl.llm.warm_start import WarmStartConfig, make_optimizer, make_train_step
 from fresh_rl.provenance import provenance, provenance_line, write_csv
-
-
-def timed(fn, repeats):
-    """(compile+first-call seconds, median steady-state seconds)."""
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return first, statistics.median(times)
+from timing import timed  # benchmarks/timing.py (scripts run from benchmarks/)
 
 
 def main(argv=None):
@@ -63,7 +50,7 @@ def main(argv=None):
         sampling = SamplingConfig(max_new_tokens=args.new, temperature=1.0, dtype=dtype)
         results = {}
         for use_cache in (True, False):
-            compile_s, run_s = timed(lambda: generate(params, config, sampling, prompt,
+            compile_s, run_s, _ = timed(lambda: generate(params, config, sampling, prompt,
                                                       prompt_mask, key, use_cache=use_cache),
                                      args.repeats)
             results[use_cache] = run_s
@@ -81,7 +68,7 @@ def main(argv=None):
     opt_state = optimizer.init(params)
     tokens = jax.random.randint(key, (args.train_batch, args.train_len), 3, config.vocab_size)
     mask = jnp.ones_like(tokens, bool)
-    compile_s, run_s = timed(lambda: train_step(params, opt_state, tokens, mask, mask),
+    compile_s, run_s, _ = timed(lambda: train_step(params, opt_state, tokens, mask, mask),
                              args.repeats)
     rows.append({"benchmark": "train_step", "variant": "fp32 fwd+bwd+AdamW", "dtype": "float32",
                  "shape": f"B={args.train_batch} T={args.train_len}", "compile_s": compile_s,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 
 import jax
@@ -26,22 +25,10 @@ from fresh_rl.llm.rollout import CacheLayout, model_policy, run_episodes_with_po
 from fresh_rl.llm.sampler import SamplingConfig
 from fresh_rl.llm.tasks import FrozenLakeTask, SokobanTask
 from fresh_rl.provenance import provenance, provenance_line, write_csv
+from timing import timed  # benchmarks/timing.py (scripts run from benchmarks/)
 
 TASKS = {"frozenlake": lambda: FrozenLakeTask(size=4, max_turns=8),
          "sokoban": lambda: SokobanTask(size=5, max_turns=10)}
-
-
-def timed(fn, repeats):
-    """(compile+first-call seconds, median steady-state seconds, last result)."""
-    start = time.perf_counter()
-    out = jax.block_until_ready(fn())
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return first, statistics.median(times), out
 
 
 def main(argv=None):

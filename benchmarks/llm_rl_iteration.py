@@ -19,7 +19,7 @@ Rows, one program per (task, episodes per iteration B = groups × 8, vmapped see
   machine's cores). The ratio is ours / theirs in tokens/s.
 
 Cost growth: B ∈ ``--batches`` at S = 1 and S ∈ ``--seeds`` at the study's B = 64.
-Writes ``llm_rl_iteration.csv`` and ``llm_rl_iteration.md`` to ``--out``.
+Writes ``llm_rl_iteration[_<label>].csv`` and ``.md`` to ``--out``, rewritten after every cell.
 """
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ from fresh_rl.llm.sampler import SamplingConfig, generate
 from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.llm.trainer import collect
 from fresh_rl.provenance import provenance, provenance_line, write_csv
+from timing import timed  # benchmarks/timing.py (scripts run from benchmarks/)
 
 
 
@@ -55,19 +56,6 @@ def time_iterations(rl, env, model_config, params, seeds: int, repeats: int, win
     steps = np.diff(stamps)
     return {"compile_s": float(steps[0]), "median_s": float(np.median(steps[1:])),
             "tokens_per_episode": float(np.mean(history["response_tokens"]))}
-
-
-def timed(fn, repeats: int) -> tuple[float, float, object]:
-    """(first call s, median steady s, last output) of the blocking call ``fn``."""
-    start = time.perf_counter()
-    out = jax.block_until_ready(fn())
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return first, statistics.median(times), out
 
 
 def first_turn_prompts(episodes, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -111,6 +99,35 @@ def hf_generate_seconds(model_dir: str, prompts, mask, new_tokens: int, repeats:
     return first, statistics.median(times)
 
 
+def write_tables(args, rows: list[dict], started: float) -> None:
+    """llm_rl_iteration.csv / .md of the rows so far (rewritten after every cell, so a run
+    killed part-way, e.g. out of memory, keeps what it measured)."""
+    os.makedirs(args.out, exist_ok=True)
+    stem = "llm_rl_iteration" + (f"_{args.label}" if args.label else "")
+    write_csv(os.path.join(args.out, stem + ".csv"), rows)
+    info = provenance(started=started)
+    fmt = lambda x, spec: "" if x == "" else format(x, spec)  # noqa: E731
+    table = "\n".join(f"| {r['task']} | {r['benchmark']} | {r['shape']} | {r['compile_s']:.1f} | {r['median_s']:.3f} | "
+                      f"{fmt(r['episodes_per_s'], '.1f')} | {r['tokens_per_s']:.0f} | {fmt(r['ours_over_hf'], '.2f')} |"
+                      for r in rows)
+    with open(os.path.join(args.out, stem + ".md"), "w") as f:
+        f.write(f"""# The LLM RL iteration's throughput (model: `{os.path.relpath(args.model)}`)
+
+{provenance_line(info)} Median of {args.repeats} iterations / calls after the first (compilation,
+reported separately). B = episodes per iteration (groups × 8), S = seed rows vmapped in one
+program. Tokens/s counts generated action tokens (all S rows).
+
+| task | benchmark | shape | compile+first (s) | median (s) | episodes/s | tokens/s | ours / HF |
+|---|---|---|---|---|---|---|---|
+{table}
+
+`iteration` is the whole GRPO iteration of `experiments/llm_rl_gain.py` (staleness window {args.window});
+`generation` its sampling part; `generation_fixed_length` and `hf_generate` sample exactly
+N tokens (no stop token) from the same prompts with the same weights, ours in bf16 with a
+KV cache under jit, transformers' `generate` in fp32 on torch with every core.
+""")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=BPE_WARM_START, help="Hugging Face folder (default: the BPE warm start)")
@@ -122,6 +139,7 @@ def main(argv=None):
                         help="staleness window (0: on-policy, experiments/llm_rl_gain.py's default)")
     parser.add_argument("--out", default="results/bench")
     parser.add_argument("--no-anchor", action="store_true", help="skip transformers' generate")
+    parser.add_argument("--label", default="", help="file stem suffix: llm_rl_iteration_<label>.{csv,md}")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     model_config, params, vocab = load_hf_model(args.model)
@@ -142,6 +160,7 @@ def main(argv=None):
                          "median_s": t["median_s"], "episodes_per_s": episodes / t["median_s"],
                          "tokens_per_s": episodes * t["tokens_per_episode"] / t["median_s"], "ours_over_hf": ""})
             print(rows[-1], flush=True)
+            write_tables(args, rows, started)
             if seeds != 1:
                 continue
             gen = jax.jit(lambda p, k, rl=rl, env=env: collect(p, k, config=rl, env=env, model_config=model_config))
@@ -151,6 +170,7 @@ def main(argv=None):
                          "median_s": median, "episodes_per_s": batch / median,
                          "tokens_per_s": generated / median, "ours_over_hf": ""})
             print(rows[-1], flush=True)
+            write_tables(args, rows, started)
             if args.no_anchor:
                 continue
             prompts, mask = first_turn_prompts(out, env.pad_id)
@@ -167,30 +187,9 @@ def main(argv=None):
             rows.append({"task": task, "benchmark": "hf_generate", "shape": fixed_shape, "compile_s": hf_first,
                          "median_s": hf, "episodes_per_s": "", "tokens_per_s": tokens / hf, "ours_over_hf": ""})
             print(rows[-2], rows[-1], sep="\n", flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    write_csv(os.path.join(args.out, "llm_rl_iteration.csv"), rows)
-    info = provenance(started=started)
-    fmt = lambda x, spec: "" if x == "" else format(x, spec)  # noqa: E731
-    table = "\n".join(f"| {r['task']} | {r['benchmark']} | {r['shape']} | {r['compile_s']:.1f} | {r['median_s']:.3f} | "
-                      f"{fmt(r['episodes_per_s'], '.1f')} | {r['tokens_per_s']:.0f} | {fmt(r['ours_over_hf'], '.2f')} |"
-                      for r in rows)
-    with open(os.path.join(args.out, "llm_rl_iteration.md"), "w") as f:
-        f.write(f"""# The LLM RL iteration's throughput (model: `{os.path.relpath(args.model)}`)
-
-{provenance_line(info)} Median of {args.repeats} iterations / calls after the first (compilation,
-reported separately). B = episodes per iteration (groups × 8), S = seed rows vmapped in one
-program. Tokens/s counts generated action tokens (all S rows).
-
-| task | benchmark | shape | compile+first (s) | median (s) | episodes/s | tokens/s | ours / HF |
-|---|---|---|---|---|---|---|---|
-{table}
-
-`iteration` is the whole GRPO iteration of `experiments/llm_rl_gain.py` (staleness window {args.window});
-`generation` its sampling part; `generation_fixed_length` and `hf_generate` sample exactly
-N tokens (no stop token) from the same prompts with the same weights, ours in bf16 with a
-KV cache under jit, transformers' `generate` in fp32 on torch with every core.
-""")
-    print(open(os.path.join(args.out, "llm_rl_iteration.md")).read())
+            write_tables(args, rows, started)
+    write_tables(args, rows, started)
+    print(open(os.path.join(args.out, "llm_rl_iteration" + (f"_{args.label}" if args.label else "") + ".md")).read())
 
 
 if __name__ == "__main__":
