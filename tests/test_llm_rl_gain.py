@@ -47,7 +47,7 @@ def test_second_invocation_loads_the_saved_runs(ci_study, capsys):
     assert capsys.readouterr().out.count("[resume]") == 2
     assert {p.name: p.stat().st_mtime_ns for p in (out / "runs").iterdir()} == stamps
     assert again == records
-    saved = json.load(open(out / "runs" / "arithmetic_lr0.0001_ep1_W0_it2_seed0.json"))
+    saved = json.load(open(out / "runs" / "arithmetic_lr0.0001_ep1_g2_W0_it2_seed0.json"))
     assert saved["fingerprint"] == records[0]["fingerprint"]
     (out / "gain.csv").unlink()
     rows, ran = module.main(["--scale", "ci", "--out", str(out), "--tables-only"])
@@ -57,7 +57,8 @@ def test_second_invocation_loads_the_saved_runs(ci_study, capsys):
 def test_summarize_matches_numpy(load_experiment):
     module = load_experiment("llm_rl_gain")
     rng = np.random.default_rng(0)
-    records = [{"task": t, "learning_rate": lr, "epochs": 1, "num_groups": 8, "iterations": 40, "seed": s, "before": b,
+    records = [{"task": t, "learning_rate": lr, "epochs": 1, "num_groups": 8,
+                "staleness_window": 0, "iterations": 40, "seed": s, "before": b,
                 "after": b + g, "gain": g, "episodes": 64, "train_seconds": 60.0 * (s + 1)}
                for t in ("countdown", "sokoban") for lr in (1e-4, 3e-4)
                for s, (b, g) in enumerate(rng.uniform(0, 0.3, (5, 2)))]
