@@ -35,7 +35,7 @@ import numpy as np
 
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm.checkpoint import load_hf_model
-from fresh_rl.llm.presets import BPE_TASKS, BPE_WARM_START, RL_GAIN_RL
+from fresh_rl.llm.presets import BPE_TASKS, BPE_WARM_START, RL_GAIN_RL, rl_gain_pipeline
 from fresh_rl.llm.sampler import SamplingConfig, generate
 from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.llm.trainer import collect
@@ -49,8 +49,7 @@ def time_iterations(rl, env, model_config, params, seeds: int, repeats: int, win
     of ``repeats + 1`` iterations of the study's loop (S = ``seeds`` vmapped rows, staleness
     window ``window`` with snapshot old logits)."""
     stamps = [time.perf_counter()]
-    pipeline = ap.AsyncConfig(staleness_window=window, old_logit_route="snapshot")
-    _, history = ap.train_loop(rl, pipeline, seeds if seeds == 1 else list(range(seeds)), repeats + 1,
+    _, history = ap.train_loop(rl, rl_gain_pipeline(window), seeds if seeds == 1 else list(range(seeds)), repeats + 1,
                                params=params, env=env, model_config=model_config, window=window,
                                log=lambda i, metrics: stamps.append(time.perf_counter()))
     steps = np.diff(stamps)

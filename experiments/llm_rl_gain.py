@@ -44,7 +44,7 @@ from fresh_rl.eval import seed_interval
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm.checkpoint import add_model_flag, load_hf_model
 from fresh_rl.llm.evaluation import evaluate_policies
-from fresh_rl.llm.presets import BPE_TASKS, RESULTS, RL_GAIN_RL, RL_GAIN_SCALES, RLGainScale
+from fresh_rl.llm.presets import BPE_TASKS, RESULTS, RL_GAIN_RL, RL_GAIN_SCALES, RLGainScale, rl_gain_pipeline
 from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.provenance import provenance, write_csv
 from fresh_rl.sweep.checkpoint import RunCheckpointer
@@ -52,10 +52,6 @@ from fresh_rl.sweep.integrity import tree_checksum
 
 
 
-def pipeline_config(scale: RLGainScale) -> ap.AsyncConfig:
-    """The pipeline of a run: staleness window ``scale.staleness_window`` (0: on-policy, each
-    batch collected by the version it updates) with snapshot old logits (exact)."""
-    return ap.AsyncConfig(staleness_window=scale.staleness_window, old_logit_route="snapshot")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,7 +104,7 @@ def run_program(scale: RLGainScale, task: str, env, seeds: list[int], params, pa
     key = repr([fingerprint(scale, env, seed, params_checksum) for seed in seeds])
     stamps = []
     start = time.perf_counter()
-    state, history = ap.train_loop(scale.rl, pipeline_config(scale), seeds[0] if len(seeds) == 1 else seeds,
+    state, history = ap.train_loop(scale.rl, rl_gain_pipeline(scale.staleness_window), seeds[0] if len(seeds) == 1 else seeds,
                                    scale.iterations, params=params, env=env, model_config=model_config,
                                    window=scale.staleness_window,
                                    checkpointer=RunCheckpointer(folder, fingerprint=key),

@@ -138,6 +138,12 @@ class RLGainScale:
 # Our choice before the probe (results/llm_rl_gain/README.md records the probe): 8 prompts × 8
 # rollouts = 64 episodes per iteration, one epoch, the decoupled PPO loss (with snapshots its
 # proximal policy is the acting one; on-policy at window 0 it is PPO-clip on fresh data).
+def rl_gain_pipeline(window: int) -> ap.AsyncConfig:
+    """The RL-gain study's pipeline: staleness window ``window`` (0: on-policy, each batch
+    collected by the version it updates) with snapshot old logits (exact)."""
+    return ap.AsyncConfig(staleness_window=window, old_logit_route="snapshot")
+
+
 RL_GAIN_RL = RLConfig(estimator="grpo", num_groups=8, group_size=8, learning_rate=1e-4,
                       loss="decoupled")
 RL_GAIN_SCALES = {
@@ -346,6 +352,6 @@ FRESHPER_SCALES = {
 
 __all__ = ["ARITHMETIC_WARM_START", "BPE_CYCLE", "BPE_STANDIN", "BPE_TASKS", "BPE_WARM_START", "CYCLE", "FRESHPER_RL", "FRESHPER_SCALES", "FreshPERScale",
            "OLD_LOGITS_RL", "OLD_LOGITS_SCALES", "OldLogitsScale", "QWEN2_5_1_5B", "RESULTS", "RL_GAIN_RL",
-           "RL_GAIN_SCALES", "RLGainScale",
+           "RL_GAIN_SCALES", "RLGainScale", "rl_gain_pipeline",
            "SPECIALIZE", "SYNC", "TASKS", "WARM_START", "char_task_for", "freshper_methods",
            "load_params", "model_folder"]
