@@ -15,7 +15,7 @@ and ``throughput.csv`` episodes/s and generated tokens/s of the RL iteration in 
 
 Seeds run ``seeds_per_program`` at a time, vmapped in one compiled program (each row has the
 key schedule of a single run). Resumable: a finished run is
-``runs/<task>_lr<lr>_ep<epochs>[_g<groups>]_W<window>_it<iterations>_seed<s>.json``; a running program checkpoints
+``runs/<task>_lr<lr>_ep<epochs>[_mb<minibatches>][_g<groups>]_W<window>_it<iterations>_seed<s>.json``; a running program checkpoints
 every ``checkpoint_every`` iterations (``checkpoints/``) and restarts from there. The tables cover every saved run of the output folder, one row per setting (task,
 learning rate, epochs, iterations), so the probe's cells (``--lr``, ``--epochs``,
 ``--iterations``, ``--seeds 1``) and the study's runs share one folder.
@@ -119,7 +119,8 @@ def run_program(scale: RLGainScale, task: str, env, seeds: list[int], params, pa
         after = held_out_success(scale, env, model_config, final)
         episodes = scale.iterations * scale.rl.batch_size
         record = {"task": task, "seed": seed, "learning_rate": scale.rl.learning_rate,
-                  "epochs": scale.rl.epochs, "num_groups": scale.rl.num_groups,
+                  "epochs": scale.rl.epochs, "minibatches": scale.rl.minibatches,
+                  "num_groups": scale.rl.num_groups,
                   "staleness_window": scale.staleness_window, "fingerprint": fingerprint(scale, env, seed, params_checksum),
                   "before": before, "after": after, "gain": after - before, "iterations": scale.iterations,
                   "episodes": episodes, "seeds_in_program": len(seeds),
@@ -142,10 +143,12 @@ def run_program(scale: RLGainScale, task: str, env, seeds: list[int], params, pa
 
 
 def run_name(scale: RLGainScale, task: str, seed: int) -> str:
-    """A run's file name: task, the probed settings (learning rate, epochs, prompts per
-    iteration when not the default :data:`RL_GAIN_RL`'s, staleness window, iterations), seed."""
+    """A run's file name: task, the probed settings (learning rate, epochs, minibatches and
+    prompts per iteration when not the default :data:`RL_GAIN_RL`'s, staleness window,
+    iterations), seed."""
+    minibatches = "" if scale.rl.minibatches == RL_GAIN_RL.minibatches else f"_mb{scale.rl.minibatches}"
     groups = "" if scale.rl.num_groups == RL_GAIN_RL.num_groups else f"_g{scale.rl.num_groups}"
-    return (f"{task}_lr{scale.rl.learning_rate:g}_ep{scale.rl.epochs}{groups}_W{scale.staleness_window}"
+    return (f"{task}_lr{scale.rl.learning_rate:g}_ep{scale.rl.epochs}{minibatches}{groups}_W{scale.staleness_window}"
             f"_it{scale.iterations}_seed{seed}")
 
 
@@ -156,17 +159,19 @@ def fingerprint(scale: RLGainScale, env, seed: int, params_checksum: str) -> str
                  params_checksum))
 
 
-SETTING = ("task", "learning_rate", "epochs", "num_groups", "staleness_window", "iterations")
+SETTING = ("task", "learning_rate", "epochs", "minibatches", "num_groups", "staleness_window", "iterations")
 # per-iteration curves of a run (record key train_<name>): the fresh batch's success, the
 # policy's mean token entropy, the KL (k3) of the update's ratio and the gradient norm
 CURVES = {"success": "success_rate", "entropy": "entropy", "kl_k3": "kl_k3", "grad_norm": "grad_norm"}
 
 
 def load_record(path: str) -> dict:
-    """A saved run; records written before ``num_groups`` and ``staleness_window`` were
-    recorded ran :data:`RL_GAIN_RL`'s 8 prompts per iteration at window 1 (one version stale)."""
+    """A saved run; records written before ``minibatches``, ``num_groups`` and
+    ``staleness_window`` were recorded ran :data:`RL_GAIN_RL`'s one minibatch of 8 prompts per
+    iteration at window 1 (one version stale)."""
     with open(path) as f:
         record = json.load(f)
+    record.setdefault("minibatches", RL_GAIN_RL.minibatches)
     record.setdefault("num_groups", RL_GAIN_RL.num_groups)
     record.setdefault("staleness_window", 1)
     return record
@@ -178,8 +183,8 @@ def rows_of(record: dict) -> int:
 
 
 def summarize(records: list[dict], reps: int = 2000) -> list[dict]:
-    """Per setting (task, learning rate, epochs, iterations): the seed-mean held-out success
-    before / after and the gain with its 95% bootstrap interval over seeds."""
+    """Per setting (task, learning rate, epochs, minibatches, prompts, window, iterations): the
+    seed-mean held-out success before / after and the gain with its 95% bootstrap interval over seeds."""
     rows = []
     for setting in dict.fromkeys(tuple(r[k] for k in SETTING) for r in records):
         runs = [r for r in records if tuple(r[k] for k in SETTING) == setting]
@@ -202,6 +207,8 @@ def main(argv=None):
                         help="run only these tasks (repeatable; default: the scale's)")
     parser.add_argument("--lr", type=float, default=None, help="learning rate (default: the scale's)")
     parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument("--minibatches", type=int, default=None,
+                        help="optimizer steps per epoch, each on 1/M of the batch (default: the scale's)")
     parser.add_argument("--groups", type=int, default=None,
                         help="prompts per iteration (× group size 8 episodes; default: the scale's)")
     parser.add_argument("--iterations", type=int, default=None)
@@ -218,6 +225,7 @@ def main(argv=None):
     enable_from_args(args)
     scale = RL_GAIN_SCALES[args.scale]
     rl = dataclasses.replace(scale.rl, **{k: v for k, v in (("learning_rate", args.lr), ("epochs", args.epochs),
+                                                            ("minibatches", args.minibatches),
                                                             ("num_groups", args.groups)) if v is not None})
     scale = dataclasses.replace(scale, rl=rl, model=args.model or scale.model,
                                 tasks=tuple(args.task) if args.task else scale.tasks,
@@ -264,7 +272,7 @@ def main(argv=None):
                    "iterations": scale.iterations, "seeds": scale.seeds, "eval_episodes": scale.eval_episodes,
                    "tasks": {t: repr(BPE_TASKS[t]) for t in scale.tasks}}, f, indent=1)
     for r in rows:
-        print(f"{r['task']} lr {r['learning_rate']:g} epochs {r['epochs']} groups {r['num_groups']} W {r['staleness_window']} × {r['iterations']}: held-out {r['before']:.3f} -> {r['after']:.3f}, gain {r['gain']:+.3f} "
+        print(f"{r['task']} lr {r['learning_rate']:g} epochs {r['epochs']} minibatches {r['minibatches']} groups {r['num_groups']} W {r['staleness_window']} × {r['iterations']}: held-out {r['before']:.3f} -> {r['after']:.3f}, gain {r['gain']:+.3f} "
               f"[{r['gain_ci_low']:+.3f}, {r['gain_ci_high']:+.3f}] over {r['seeds']} seeds", flush=True)
     return rows, records
 
