@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import statistics
 import time
 
 import jax
@@ -86,16 +85,9 @@ def hf_generate_seconds(model_dir: str, prompts, mask, new_tokens: int, repeats:
                                   top_k=0, top_p=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                   pad_token_id=0, eos_token_id=None)
 
-    start = time.perf_counter()
-    run()
-    first = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = run()
-        times.append(time.perf_counter() - start)
+    first, median, out = timed(run, repeats)  # torch returns finished tensors: nothing to block on
     assert out.shape[1] == prompts.shape[1] + new_tokens
-    return first, statistics.median(times)
+    return first, median
 
 
 def write_tables(args, rows: list[dict], started: float) -> None:

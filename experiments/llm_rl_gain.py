@@ -101,7 +101,8 @@ def run_program(scale: RLGainScale, task: str, env, seeds: list[int], params, pa
     ``scale.checkpoint_every`` iterations under ``checkpoints/`` and resumed from there."""
     name = run_name(scale, task, seeds[0]) + (f"-{seeds[-1]}" if len(seeds) > 1 else "")
     folder = os.path.join(out, "checkpoints", name)
-    key = repr([fingerprint(scale, env, seed, params_checksum) for seed in seeds])
+    fingerprints = [fingerprint(scale, env, seed, params_checksum) for seed in seeds]
+    key = repr(fingerprints)
     stamps = []
     start = time.perf_counter()
     state, history = ap.train_loop(scale.rl, rl_gain_pipeline(scale.staleness_window), seeds[0] if len(seeds) == 1 else seeds,
@@ -121,7 +122,7 @@ def run_program(scale: RLGainScale, task: str, env, seeds: list[int], params, pa
         record = {"task": task, "seed": seed, "learning_rate": scale.rl.learning_rate,
                   "epochs": scale.rl.epochs, "minibatches": scale.rl.minibatches,
                   "num_groups": scale.rl.num_groups,
-                  "staleness_window": scale.staleness_window, "fingerprint": fingerprint(scale, env, seed, params_checksum),
+                  "staleness_window": scale.staleness_window, "fingerprint": fingerprints[row],
                   "before": before, "after": after, "gain": after - before, "iterations": scale.iterations,
                   "episodes": episodes, "seeds_in_program": len(seeds),
                   "train_seconds": program_seconds / len(seeds), "steady_seconds_per_iteration": steady,
