@@ -41,6 +41,11 @@ def git_commit(short: bool = True) -> str:
     return head + ("+dirty" if dirty else "")
 
 
+# The commit of the code this process loaded (read when the first experiment module imports
+# this one): a long run stamps the commit it started from, not whatever HEAD is when it ends.
+COMMIT_AT_START = git_commit()
+
+
 def measure_at_revision(script, revision: str, args: Sequence[str] = ()) -> tuple[list[dict], str]:
     """Runs ``python script --measure *args`` in a child process that imports ``fresh_rl`` as
     it was at git ``revision`` (``git archive`` into a temporary folder on ``PYTHONPATH``);
@@ -97,11 +102,16 @@ def command_line(argv: Optional[Sequence[str]] = None) -> str:
 def provenance(command: Optional[str] = None, started: Optional[float] = None) -> dict:
     """``{"command", "commit", "machine", "wall_seconds"}`` for a results README or JSON.
 
-    ``started`` is a ``time.perf_counter()`` reading taken when the run began (wall time
-    omitted without it); ``command`` defaults to :func:`command_line`.
+    ``commit`` is :data:`COMMIT_AT_START`, the code the process runs; when HEAD (or the working
+    tree) changed while it ran, ``"commit_at_end"`` says to what. ``started`` is a
+    ``time.perf_counter()`` reading taken when the run began (wall time omitted without it);
+    ``command`` defaults to :func:`command_line`.
     """
-    info = {"command": command or command_line(), "commit": git_commit(),
+    info = {"command": command or command_line(), "commit": COMMIT_AT_START,
             "machine": machine_description()}
+    now = git_commit()
+    if now != COMMIT_AT_START:
+        info["commit_at_end"] = now
     if started is not None:
         info["wall_seconds"] = round(time.perf_counter() - started, 1)
     return info
@@ -110,6 +120,8 @@ def provenance(command: Optional[str] = None, started: Optional[float] = None) -
 def provenance_line(info: Mapping) -> str:
     """One Markdown sentence naming the command, commit, machine and wall time of ``info``."""
     text = f"Made by `{info['command']}` at commit {info['commit']} on {info['machine']}"
+    if "commit_at_end" in info:
+        text += f" (HEAD was {info['commit_at_end']} when it ended)"
     if "wall_seconds" in info:
         text += f"; wall time {info['wall_seconds']:.0f} s"
     return text + "."
