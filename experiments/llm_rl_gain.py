@@ -15,7 +15,7 @@ and ``throughput.csv`` episodes/s and generated tokens/s of the RL iteration in 
 
 Seeds run ``seeds_per_program`` at a time, vmapped in one compiled program (each row has the
 key schedule of a single run). Resumable: a finished run is
-``runs/<task>_lr<lr>_ep<epochs>[_mb<minibatches>][_g<groups>]_W<window>_it<iterations>_seed<s>.json``; a running program checkpoints
+``runs/<task>_lr<lr>_ep<epochs>[_mb<minibatches>][_g<groups>][_pool<P>]_W<window>_it<iterations>_seed<s>.json``; a running program checkpoints
 every ``checkpoint_every`` iterations (``checkpoints/``) and restarts from there. The tables cover every saved run of the output folder, one row per setting (task,
 learning rate, epochs, iterations), so the probe's cells (``--lr``, ``--epochs``,
 ``--iterations``, ``--seeds 1``) and the study's runs share one folder.
@@ -121,7 +121,7 @@ def run_program(scale: RLGainScale, task: str, env, seeds: list[int], params, pa
         episodes = scale.iterations * scale.rl.batch_size
         record = {"task": task, "seed": seed, "learning_rate": scale.rl.learning_rate,
                   "epochs": scale.rl.epochs, "minibatches": scale.rl.minibatches,
-                  "num_groups": scale.rl.num_groups,
+                  "num_groups": scale.rl.num_groups, "prompt_pool": scale.rl.prompt_pool,
                   "staleness_window": scale.staleness_window, "fingerprint": fingerprints[row],
                   "before": before, "after": after, "gain": after - before, "iterations": scale.iterations,
                   "episodes": episodes, "seeds_in_program": len(seeds),
@@ -144,12 +144,13 @@ def run_program(scale: RLGainScale, task: str, env, seeds: list[int], params, pa
 
 
 def run_name(scale: RLGainScale, task: str, seed: int) -> str:
-    """A run's file name: task, the probed settings (learning rate, epochs, minibatches and
-    prompts per iteration when not the default :data:`RL_GAIN_RL`'s, staleness window,
-    iterations), seed."""
+    """A run's file name: task, the probed settings (learning rate, epochs; minibatches, prompts
+    per iteration and the training prompt pool when not the default :data:`RL_GAIN_RL`'s;
+    staleness window, iterations), seed."""
     minibatches = "" if scale.rl.minibatches == RL_GAIN_RL.minibatches else f"_mb{scale.rl.minibatches}"
     groups = "" if scale.rl.num_groups == RL_GAIN_RL.num_groups else f"_g{scale.rl.num_groups}"
-    return (f"{task}_lr{scale.rl.learning_rate:g}_ep{scale.rl.epochs}{minibatches}{groups}_W{scale.staleness_window}"
+    pool = "" if scale.rl.prompt_pool == RL_GAIN_RL.prompt_pool else f"_pool{scale.rl.prompt_pool}"
+    return (f"{task}_lr{scale.rl.learning_rate:g}_ep{scale.rl.epochs}{minibatches}{groups}{pool}_W{scale.staleness_window}"
             f"_it{scale.iterations}_seed{seed}")
 
 
@@ -160,19 +161,21 @@ def fingerprint(scale: RLGainScale, env, seed: int, params_checksum: str) -> str
                  params_checksum))
 
 
-SETTING = ("task", "learning_rate", "epochs", "minibatches", "num_groups", "staleness_window", "iterations")
+SETTING = ("task", "learning_rate", "epochs", "minibatches", "num_groups", "prompt_pool", "staleness_window",
+           "iterations")
 # per-iteration curves of a run (record key train_<name>): the fresh batch's success, the
 # policy's mean token entropy, the KL (k3) of the update's ratio and the gradient norm
 CURVES = {"success": "success_rate", "entropy": "entropy", "kl_k3": "kl_k3", "grad_norm": "grad_norm"}
 
 
 def load_record(path: str) -> dict:
-    """A saved run; records written before ``minibatches``, ``num_groups`` and
-    ``staleness_window`` were recorded ran :data:`RL_GAIN_RL`'s one minibatch of 8 prompts per
-    iteration at window 1 (one version stale)."""
+    """A saved run; records written before ``minibatches``, ``num_groups``, ``prompt_pool`` and
+    ``staleness_window`` were recorded ran :data:`RL_GAIN_RL`'s one minibatch of 8 fresh prompts
+    per iteration at window 1 (one version stale)."""
     with open(path) as f:
         record = json.load(f)
     record.setdefault("minibatches", RL_GAIN_RL.minibatches)
+    record.setdefault("prompt_pool", RL_GAIN_RL.prompt_pool)
     record.setdefault("num_groups", RL_GAIN_RL.num_groups)
     record.setdefault("staleness_window", 1)
     return record
@@ -184,7 +187,7 @@ def rows_of(record: dict) -> int:
 
 
 def summarize(records: list[dict], reps: int = 2000) -> list[dict]:
-    """Per setting (task, learning rate, epochs, minibatches, prompts, window, iterations): the
+    """Per setting (task, learning rate, epochs, minibatches, prompts, pool, window, iterations): the
     seed-mean held-out success before / after and the gain with its 95% bootstrap interval over seeds."""
     rows = []
     for setting in dict.fromkeys(tuple(r[k] for k in SETTING) for r in records):
@@ -212,6 +215,9 @@ def main(argv=None):
                         help="optimizer steps per epoch, each on 1/M of the batch (default: the scale's)")
     parser.add_argument("--groups", type=int, default=None,
                         help="prompts per iteration (× group size 8 episodes; default: the scale's)")
+    parser.add_argument("--prompt-pool", type=int, default=None,
+                        help="train on a fixed set of P prompts (0: a fresh prompt per group every "
+                             "iteration; default: the scale's); held-out scoring is unchanged")
     parser.add_argument("--iterations", type=int, default=None)
     parser.add_argument("--window", type=int, default=None,
                         help="staleness window (0: on-policy; default: the scale's)")
@@ -227,7 +233,8 @@ def main(argv=None):
     scale = RL_GAIN_SCALES[args.scale]
     rl = dataclasses.replace(scale.rl, **{k: v for k, v in (("learning_rate", args.lr), ("epochs", args.epochs),
                                                             ("minibatches", args.minibatches),
-                                                            ("num_groups", args.groups)) if v is not None})
+                                                            ("num_groups", args.groups),
+                                                            ("prompt_pool", args.prompt_pool)) if v is not None})
     scale = dataclasses.replace(scale, rl=rl, model=args.model or scale.model,
                                 tasks=tuple(args.task) if args.task else scale.tasks,
                                 **{k: v for k, v in (("iterations", args.iterations), ("seeds", args.seeds),
@@ -273,7 +280,7 @@ def main(argv=None):
                    "iterations": scale.iterations, "seeds": scale.seeds, "eval_episodes": scale.eval_episodes,
                    "tasks": {t: repr(BPE_TASKS[t]) for t in scale.tasks}}, f, indent=1)
     for r in rows:
-        print(f"{r['task']} lr {r['learning_rate']:g} epochs {r['epochs']} minibatches {r['minibatches']} groups {r['num_groups']} W {r['staleness_window']} × {r['iterations']}: held-out {r['before']:.3f} -> {r['after']:.3f}, gain {r['gain']:+.3f} "
+        print(f"{r['task']} lr {r['learning_rate']:g} epochs {r['epochs']} minibatches {r['minibatches']} groups {r['num_groups']} pool {r['prompt_pool']} W {r['staleness_window']} × {r['iterations']}: held-out {r['before']:.3f} -> {r['after']:.3f}, gain {r['gain']:+.3f} "
               f"[{r['gain_ci_low']:+.3f}, {r['gain_ci_high']:+.3f}] over {r['seeds']} seeds", flush=True)
     return rows, records
 

@@ -57,7 +57,7 @@ def test_second_invocation_loads_the_saved_runs(ci_study, capsys):
 def test_summarize_matches_numpy(load_experiment):
     module = load_experiment("llm_rl_gain")
     rng = np.random.default_rng(0)
-    records = [{"task": t, "learning_rate": lr, "epochs": 1, "minibatches": 1, "num_groups": 8,
+    records = [{"task": t, "learning_rate": lr, "epochs": 1, "minibatches": 1, "num_groups": 8, "prompt_pool": 0,
                 "staleness_window": 0, "iterations": 40, "seed": s, "before": b,
                 "after": b + g, "gain": g, "episodes": 64, "train_seconds": 60.0 * (s + 1)}
                for t in ("countdown", "sokoban") for lr in (1e-4, 3e-4)
@@ -81,9 +81,10 @@ def test_run_names_and_old_records_carry_every_probed_setting(load_experiment, t
     module = load_experiment("llm_rl_gain")
     scale = module.RL_GAIN_SCALES["cpu"]
     assert module.run_name(scale, "countdown", 3) == "countdown_lr0.0001_ep1_W0_it60_seed3"
-    probed = dataclasses.replace(scale, rl=dataclasses.replace(scale.rl, minibatches=4, num_groups=32))
-    assert module.run_name(probed, "countdown", 3) == "countdown_lr0.0001_ep1_mb4_g32_W0_it60_seed3"
+    probed = dataclasses.replace(scale, rl=dataclasses.replace(scale.rl, minibatches=4, num_groups=32,
+                                                               prompt_pool=64))
+    assert module.run_name(probed, "countdown", 3) == "countdown_lr0.0001_ep1_mb4_g32_pool64_W0_it60_seed3"
     path = tmp_path / "old.json"
     path.write_text(json.dumps({"task": "arithmetic", "seed": 0}))
     old = module.load_record(str(path))
-    assert (old["minibatches"], old["num_groups"], old["staleness_window"]) == (1, 8, 1)
+    assert (old["minibatches"], old["num_groups"], old["prompt_pool"], old["staleness_window"]) == (1, 8, 0, 1)
