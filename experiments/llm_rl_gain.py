@@ -103,14 +103,26 @@ def run_program(scale: RLGainScale, task: str, env, seeds: list[int], params, pa
     folder = os.path.join(out, "checkpoints", name)
     fingerprints = [fingerprint(scale, env, seed, params_checksum) for seed in seeds]
     key = repr(fingerprints)
-    stamps = []
+    stamps, block = [], []
+
+    def log(i, metrics):
+        """Iteration times (throughput) and, every ``checkpoint_every`` iterations, the block's
+        mean fresh-batch success and entropy (progress of a long cell)."""
+        stamps.append(time.perf_counter())
+        block.append((float(np.mean(metrics["success_rate"])), float(np.mean(metrics["entropy"]))))
+        if (i + 1) % scale.checkpoint_every == 0:
+            success, entropy = np.mean(block, axis=0)
+            print(f"{name} iterations {i + 2 - len(block)}-{i + 1}: success {success:.3f}, "
+                  f"entropy {entropy:.3f}", flush=True)
+            block.clear()
+
     start = time.perf_counter()
     state, history = ap.train_loop(scale.rl, rl_gain_pipeline(scale.staleness_window), seeds[0] if len(seeds) == 1 else seeds,
                                    scale.iterations, params=params, env=env, model_config=model_config,
                                    window=scale.staleness_window,
                                    checkpointer=RunCheckpointer(folder, fingerprint=key),
                                    checkpoint_every=scale.checkpoint_every,
-                                   log=lambda i, metrics: stamps.append(time.perf_counter()))
+                                   log=log)
     program_seconds = time.perf_counter() - start
     steady = float(np.median(np.diff(stamps))) if len(stamps) > 1 else None
     records = []
