@@ -64,16 +64,18 @@ class TaskRun:
     eval_episodes: int
 
 
-def held_out_success(scale: RLGainScale, env, model_config, params) -> float:
-    """Success on the scale's held-out episodes (``EVAL_SEED``: the same for every policy)."""
-    (row,) = evaluate_policies(TaskRun(scale.rl, env, scale.eval_episodes), model_config, {"policy": params})
-    return row["success"]
+def success_of(scale: RLGainScale, env, model_config, params) -> dict[str, float]:
+    """``{"held_out": s}`` on the scale's held-out episodes (``EVAL_SEED``: the same for every
+    policy), plus ``"training"``: the same number of episodes on the training prompts when the
+    scale trains on a fixed prompt pool."""
+    rows = evaluate_policies(TaskRun(scale.rl, env, scale.eval_episodes), model_config, {"policy": params})
+    return {row["prompts"]: row["success"] for row in rows}
 
 
 def run_seeds(scale: RLGainScale, task: str, env, seeds: list[int], params, params_checksum: str,
-              model_config, out: str, before: float) -> list[dict]:
+              model_config, out: str, before: dict[str, float]) -> list[dict]:
     """GRPO on ``task`` from ``params`` (``tree_checksum`` ``params_checksum``, held-out success
-    ``before``) for each of ``seeds``; returns (and writes) one record per seed. Saved runs are
+    ``before``, :func:`success_of`) for each of ``seeds``; returns (and writes) one record per seed. Saved runs are
     loaded; the missing seeds run ``scale.seeds_per_program`` at a time, vmapped in one program
     (their per-seed keys are those of single runs). A record's ``train_seconds`` is its share of
     the program's wall time; the steady iteration time (all rows) excludes the first iteration
@@ -96,7 +98,7 @@ def run_seeds(scale: RLGainScale, task: str, env, seeds: list[int], params, para
 
 
 def run_program(scale: RLGainScale, task: str, env, seeds: list[int], params, params_checksum: str,
-                model_config, out: str, before: float) -> list[dict]:
+                model_config, out: str, before: dict[str, float]) -> list[dict]:
     """One program of ``seeds`` (vmapped rows when more than one), checkpointed every
     ``scale.checkpoint_every`` iterations under ``checkpoints/`` and resumed from there."""
     name = run_name(scale, task, seeds[0]) + (f"-{seeds[-1]}" if len(seeds) > 1 else "")
@@ -129,13 +131,17 @@ def run_program(scale: RLGainScale, task: str, env, seeds: list[int], params, pa
     for row, seed in enumerate(seeds):
         pick = (lambda x: x) if len(seeds) == 1 else (lambda x, row=row: x[row])
         final = jax.tree_util.tree_map(pick, state.train.params)
-        after = held_out_success(scale, env, model_config, final)
+        after = success_of(scale, env, model_config, final)
         episodes = scale.iterations * scale.rl.batch_size
         record = {"task": task, "seed": seed, "learning_rate": scale.rl.learning_rate,
                   "epochs": scale.rl.epochs, "minibatches": scale.rl.minibatches,
                   "num_groups": scale.rl.num_groups, "prompt_pool": scale.rl.prompt_pool,
                   "staleness_window": scale.staleness_window, "fingerprint": fingerprints[row],
-                  "before": before, "after": after, "gain": after - before, "iterations": scale.iterations,
+                  "before": before["held_out"], "after": after["held_out"],
+                  "gain": after["held_out"] - before["held_out"],
+                  **({"pool_before": before["training"], "pool_after": after["training"]}
+                     if "training" in after else {}),
+                  "iterations": scale.iterations,
                   "episodes": episodes, "seeds_in_program": len(seeds),
                   "train_seconds": program_seconds / len(seeds), "steady_seconds_per_iteration": steady,
                   "generated_tokens_per_episode": float(np.mean(pick(history["response_tokens"]))),
@@ -146,7 +152,9 @@ def run_program(scale: RLGainScale, task: str, env, seeds: list[int], params, pa
         with open(path + ".tmp", "w") as f:
             json.dump(record, f)
         os.replace(path + ".tmp", path)
-        print(f"{run_name(scale, task, seed)}: held-out success {before:.3f} -> {after:.3f} "
+        pool = (f", training pool {record['pool_before']:.3f} -> {record['pool_after']:.3f}"
+                if "pool_after" in record else "")
+        print(f"{run_name(scale, task, seed)}: held-out success {record['before']:.3f} -> {record['after']:.3f}{pool} "
               f"({episodes} episodes, {record['train_seconds']:.0f} s per seed)", flush=True)
         records.append(record)
     shutil.rmtree(folder, ignore_errors=True)  # the runs are saved; their resume state is not needed
@@ -211,7 +219,10 @@ def summarize(records: list[dict], reps: int = 2000) -> list[dict]:
                      "before": np.mean([r["before"] for r in runs]),
                      "after": np.mean([r["after"] for r in runs]), "gain": mean, "gain_ci_low": low,
                      "gain_ci_high": high, "episodes_per_run": runs[0]["episodes"],
-                     "train_minutes_per_run": float(np.mean(seconds)) / 60})
+                     "train_minutes_per_run": float(np.mean(seconds)) / 60,
+                     # success on the fixed training prompts (runs with a prompt pool)
+                     **({f"pool_{k}": np.mean([r[f"pool_{k}"] for r in runs]) for k in ("before", "after")}
+                        if all("pool_after" in r for r in runs) else {})})
     return rows
 
 
@@ -263,7 +274,7 @@ def main(argv=None):
     records = []
     for task in () if args.tables_only else scale.tasks:
         env = with_vocab(BPE_TASKS[task], vocab)
-        before = held_out_success(scale, env, model_config, params)
+        before = success_of(scale, env, model_config, params)
         records += run_seeds(scale, task, env, list(range(scale.seeds)), params, params_checksum, model_config,
                              out, before)
     # the tables cover every saved run of the folder (the probe cells and the study alike)

@@ -88,3 +88,18 @@ def test_run_names_and_old_records_carry_every_probed_setting(load_experiment, t
     path.write_text(json.dumps({"task": "arithmetic", "seed": 0}))
     old = module.load_record(str(path))
     assert (old["minibatches"], old["num_groups"], old["prompt_pool"], old["staleness_window"]) == (1, 8, 0, 1)
+
+
+def test_prompt_pool_runs_score_the_training_prompts_too(ci_study):
+    """With ``--prompt-pool`` the runs also score the fixed training prompts (before and after);
+    held-out scoring is the same episodes as the fresh-prompt runs, and both settings share the
+    folder's tables."""
+    module, out, _, records = ci_study
+    rows, pooled = module.main(["--scale", "ci", "--out", str(out), "--prompt-pool", "4"])
+    for r in pooled:
+        assert r["prompt_pool"] == 4 and 0.0 <= r["pool_before"] <= 1.0 and 0.0 <= r["pool_after"] <= 1.0
+        assert r["before"] == records[0]["before"]  # the same held-out episodes and warm start
+        assert (out / "runs" / f"arithmetic_lr0.0001_ep1_g2_pool4_W0_it2_seed{r['seed']}.json").exists()
+    assert sorted(r["prompt_pool"] for r in rows) == [0, 4]
+    (pool_row,) = [r for r in rows if r["prompt_pool"] == 4]
+    assert pool_row["pool_before"] == np.mean([r["pool_before"] for r in pooled])
