@@ -363,8 +363,9 @@ def test_ci_experiment_improves_arithmetic_reward_over_the_warm_start(ci_run):
 
 def test_bpe_ci_experiment_random_staleness_and_saved_evaluations(load_experiment, tmp_path):
     """The BPE confirmation's test version (stand-in model folder named by the scale itself,
-    random staleness U{0..W}, W ∈ {1, 4}): each run's held-out evaluation is written with it,
-    and a --resume rerun rebuilds eval.csv / eval_summary.csv from the saved runs alone."""
+    random staleness U{0..W}, W ∈ {1, 4}, a fixed training pool as the study's): each run's
+    evaluation (training pool and held-out) is written with it, and a --resume rerun rebuilds
+    eval.csv / eval_summary.csv from the saved runs alone."""
     out = str(tmp_path / "bpe_ci")
     experiment = load_experiment("old_logits")  # in process: the compiled programs are shared
     experiment.main(["--scale", "bpe-ci", "--out", out])
@@ -379,9 +380,11 @@ def test_bpe_ci_experiment_random_staleness_and_saved_evaluations(load_experimen
     os.remove(os.path.join(out, "eval.csv"))
     experiment.main(["--scale", "bpe-ci", "--out", out, "--resume"])
     rows = _read_csv(os.path.join(out, "eval.csv"))
-    assert [r["policy"] for r in rows] == ["warm_start", "ewma_W1_seed0", "ewma_W4_seed0"]
+    policies = ["warm_start", "ewma_W1_seed0", "ewma_W4_seed0"]
+    assert sorted((r["prompts"], r["policy"]) for r in rows) == sorted(
+        (prompts, policy) for prompts in ("training", "held_out") for policy in policies)
     summary = _read_csv(os.path.join(out, "eval_summary.csv"))
-    assert [(r["window"], r["prompts"], r["seeds"]) for r in summary] == [("1", "held_out", "1"),
-                                                                        ("4", "held_out", "1")]
+    assert [(r["window"], r["prompts"], r["seeds"]) for r in summary] == [
+        (w, prompts, "1") for w in ("1", "4") for prompts in ("training", "held_out")]
     for r in summary:
         assert float(r["gain"]) == pytest.approx(float(r["success"]) - float(r["warm_start"]))

@@ -44,6 +44,8 @@ def _python(code: str, env_extra=None, **kwargs):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
+@pytest.mark.slow  # ~45 s; the default run checks a sharded grid's exactness on 4 devices in
+# tests/test_multihost.py (the same run_sharded path, over 2 processes)
 def test_study_grid_on_8_devices_equals_1_device():
     """The VACO study's grid path (``variant_grid`` + ``run_variant``, what
     experiments/vaco_lag_sweep.py runs) on 8 simulated devices gives exactly the numbers of the

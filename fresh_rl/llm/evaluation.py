@@ -19,21 +19,25 @@ from fresh_rl.sweep.keys import seed_key
 EVAL_SEED = 10_000
 
 
-@functools.lru_cache(maxsize=16)
 def make_evaluator(scale, model_config, on_training_prompts: bool = False):
     """Jitted ``(params, key) -> successes [E]`` of the bf16 sampler at the RL temperature
     (``scale``: anything hashable with ``rl``, ``env`` and ``eval_episodes`` = E, e.g.
     :class:`fresh_rl.llm.presets.OldLogitsScale`); the same key gives the same prompts.
-    Cached: every evaluation of a scale (e.g. one per run) reuses one compiled program.
     ``on_training_prompts``: the ``rl.prompt_pool`` training prompts, each
-    ``E / prompt_pool`` times; else E fresh (held-out) prompts."""
+    ``E / prompt_pool`` times; else E fresh (held-out) prompts. Cached on the evaluation's own
+    settings: every evaluation of a scale (e.g. one per run) reuses one compiled program, and
+    so do the held-out evaluations of scales that differ only in their training prompt pool."""
     check_model_vocab(scale.env, model_config)
     pool = scale.rl.prompt_pool if on_training_prompts else 0
     config = dataclasses.replace(scale.rl, num_groups=pool or scale.eval_episodes,
                                  group_size=scale.eval_episodes // pool if pool else 1,
                                  estimator="reinforce_pp", prompt_pool=pool)
-    return jax.jit(lambda p, k: collect(p, k, config=config, env=scale.env,
-                                        model_config=model_config).success)
+    return _compiled_evaluator(config, scale.env, model_config)
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled_evaluator(config, env, model_config):
+    return jax.jit(lambda p, k: collect(p, k, config=config, env=env, model_config=model_config).success)
 
 
 def evaluate_policies(scale, model_config, policies: dict) -> list[dict]:
