@@ -32,12 +32,13 @@ def _git(*args: str) -> Optional[str]:
 
 
 def git_commit(short: bool = True) -> str:
-    """HEAD of the source checkout, ``+dirty`` appended when tracked files differ from it;
-    ``"unknown"`` outside a git checkout (e.g. an installed wheel)."""
+    """HEAD of the source checkout, ``+dirty`` appended when tracked files outside ``results/``
+    differ from it (the tables runs rewrite there are outputs, not code); ``"unknown"`` outside
+    a git checkout (e.g. an installed wheel)."""
     head = _git("rev-parse", *(["--short"] if short else []), "HEAD")
     if not head:
         return "unknown"
-    dirty = _git("status", "--porcelain", "--untracked-files=no")
+    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results")
     return head + ("+dirty" if dirty else "")
 
 

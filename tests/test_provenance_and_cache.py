@@ -60,6 +60,24 @@ def test_provenance_names_command_commit_machine_and_wall_time():
         "python experiments/x.py --out 'a b'"
 
 
+def test_only_code_changes_mark_the_commit_dirty(tmp_path, monkeypatch):
+    """Rewritten result tables (results/) are outputs: they leave the stamp clean; an edited
+    source file marks it ``+dirty``."""
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "table.csv").write_text("a\n")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    monkeypatch.setattr(provenance, "REPOSITORY_ROOT", tmp_path)
+    (tmp_path / "results" / "table.csv").write_text("b\n")
+    assert not provenance.git_commit().endswith("+dirty")
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert provenance.git_commit().endswith("+dirty")
+
+
 def test_provenance_stamps_the_commit_the_run_started_from(monkeypatch):
     """A run that outlives a commit keeps the commit of the code it loaded and says where HEAD
     moved."""
