@@ -16,9 +16,11 @@ and ``throughput.csv`` episodes/s and generated tokens/s of the RL iteration in 
 Seeds run ``seeds_per_program`` at a time, vmapped in one compiled program (each row has the
 key schedule of a single run). Resumable: a finished run is
 ``runs/<task>_lr<lr>_ep<epochs>[_mb<minibatches>][_g<groups>][_pool<P>]_W<window>_it<iterations>_seed<s>.json``; a running program checkpoints
-every ``checkpoint_every`` iterations (``checkpoints/``) and restarts from there. The tables cover every saved run of the output folder, one row per setting (task,
-learning rate, epochs, iterations), so the probe's cells (``--lr``, ``--epochs``,
-``--iterations``, ``--seeds 1``) and the study's runs share one folder.
+every ``checkpoint_every`` iterations (``checkpoints/``) and restarts from there. The tables cover every saved run of the output folder, one row per setting (``SETTING``:
+task, learning rate, epochs, minibatches, prompts per iteration, prompt pool, window,
+iterations), so the probe's cells (``--lr``, ``--epochs``, ``--minibatches``, ``--groups``,
+``--prompt-pool``, ``--window``, ``--iterations``, ``--seeds 1``) and the study's runs share one
+folder.
 
   python experiments/llm_rl_gain.py --scale ci                  # the stand-in, 2 iterations (tests)
   python experiments/llm_rl_gain.py --scale cpu                 # results/llm_rl_gain
@@ -49,9 +51,6 @@ from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.provenance import provenance, write_csv
 from fresh_rl.sweep.checkpoint import RunCheckpointer
 from fresh_rl.sweep.integrity import tree_checksum
-
-
-
 
 
 @dataclasses.dataclass(frozen=True)

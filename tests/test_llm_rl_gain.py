@@ -5,6 +5,7 @@ run records before / after / gain on the same held-out episodes, the table aggre
 resume state is removed once a run is saved, and a second invocation loads the saved runs.
 ``summarize`` is checked against NumPy on synthetic records."""
 import csv
+import dataclasses
 import json
 
 import numpy as np
@@ -76,8 +77,6 @@ def test_summarize_matches_numpy(load_experiment):
 def test_run_names_and_old_records_carry_every_probed_setting(load_experiment, tmp_path):
     """Settings off the default (minibatches, prompts per iteration) appear in the run's name;
     records saved before a setting was recorded load with the value they ran at."""
-    import dataclasses
-
     module = load_experiment("llm_rl_gain")
     scale = module.RL_GAIN_SCALES["cpu"]
     assert module.run_name(scale, "countdown", 3) == "countdown_lr0.0001_ep1_W0_it60_seed3"

@@ -138,14 +138,16 @@ class RLGainScale:
 # Our choice before the probe (results/llm_rl_gain/README.md records the probe): 8 prompts × 8
 # rollouts = 64 episodes per iteration, one epoch, the decoupled PPO loss (with snapshots its
 # proximal policy is the acting one; on-policy at window 0 it is PPO-clip on fresh data).
+RL_GAIN_RL = RLConfig(estimator="grpo", num_groups=8, group_size=8, learning_rate=1e-4,
+                      loss="decoupled")
+
+
 def rl_gain_pipeline(window: int) -> ap.AsyncConfig:
     """The RL-gain study's pipeline: staleness window ``window`` (0: on-policy, each batch
     collected by the version it updates) with snapshot old logits (exact)."""
     return ap.AsyncConfig(staleness_window=window, old_logit_route="snapshot")
 
 
-RL_GAIN_RL = RLConfig(estimator="grpo", num_groups=8, group_size=8, learning_rate=1e-4,
-                      loss="decoupled")
 # The LLM confirmations' bed (issue 19): RL_GAIN_RL on a fixed pool of 64 training prompts.
 # Our choice, from the RL-gain probe (results/llm_rl_gain/README.md): RL on this warm start
 # learns the prompts it trains on (pool 64: 0.363 → 0.590 in 60 iterations) but not unseen
