@@ -28,8 +28,11 @@ Writes to --out (default results/old_logits for cpu and paper, else results/old_
                   the warm start
   success_vs_step.png, mechanism.png, reset_ablation.png, config.json
 The ``bpe`` scale is issue 19's confirmation on the BPE warm start (results/llm_warm_start_bpe/model,
-random staleness L ~ U{0..W}, W ∈ {1, 4, 16}, 5 seeds × 60 iterations, resumable with
---resume; ``bpe-ci`` its test version on the stand-in). The ``paper`` scale configures the qwen2.5-0.5b preset (pass --checkpoint, an HF folder) and
+random staleness L ~ U{0..W}, W ∈ {1, 4, 16}, 5 seeds × 60 iterations; ``bpe-ci`` its test
+version on the stand-in). A grid longer than a sitting runs in chunks: ``--stop-after-minutes M``
+starts no new run once M minutes of runs have passed and summarises the finished ones (largest W first, seed by
+seed across routes: :func:`run_order`); ``--resume`` continues.
+The ``paper`` scale configures the qwen2.5-0.5b preset (pass --checkpoint, an HF folder) and
 larger batches; it is not run here. ``--model PATH`` (any Hugging Face folder with its
 tokenizer, e.g. Qwen2.5-0.5B-Instruct) runs a scale from that model with the task speaking
 its tokenizer and chat template, e.g. the stand-in at the smoke scale:
@@ -74,6 +77,24 @@ def run_name(route: str, window: int, partial: bool, seed: int) -> str:
     return f"{route}_W{window}{'_partial' if partial else ''}_seed{seed}"
 
 
+def grid_cells(scale: Scale) -> list[tuple[str, int, bool]]:
+    """The grid's ``(route, W, partial)`` cells in table order: every grid route at every
+    window, then the partial-rollout routes at ``partial_window``."""
+    return ([(r, w, False) for r in scale.grid_routes for w in scale.windows]
+            + [(r, scale.partial_window, True) for r in scale.partial_routes])
+
+
+def run_order(scale: Scale) -> list[tuple[str, int, bool, int]]:
+    """``(route, W, partial, seed)`` in the order the runs are made: largest window first and,
+    within a window, seed by seed across the routes, so that a grid cut short (a sitting's
+    ``--stop-after-minutes``) leaves every route compared at the strongest staleness with the
+    same seeds. Each cell's seeds still finish in order (what ``--resume`` counts on)."""
+    cells = grid_cells(scale)
+    windows = sorted({w for _, w, _ in cells}, reverse=True)
+    return [(route, window, partial, seed) for w in windows for seed in range(scale.seeds)
+            for route, window, partial in cells if window == w]
+
+
 def run_one(scale: Scale, route: str, window: int, partial: bool, seed: int, iterations: int,
             params, model_config, out: str):
     """One run at window ``window``; writes its CSV (and, when the scale evaluates, the final
@@ -109,9 +130,7 @@ def read_run_csv(path: str) -> dict[str, np.ndarray]:
 def load_runs(scale: Scale, out: str) -> tuple[dict, dict]:
     """``(histories, timed)`` rebuilt from the run CSVs already in ``out/runs`` (--resume)."""
     histories, timed = {}, {}
-    plan = [(r, w, False) for r in scale.grid_routes for w in scale.windows]
-    plan += [(r, scale.partial_window, True) for r in scale.partial_routes]
-    for route, window, partial in plan:
+    for route, window, partial in grid_cells(scale):
         for seed in range(scale.seeds):
             path = os.path.join(out, "runs", run_name(route, window, partial, seed) + ".csv")
             if not os.path.exists(path):
@@ -162,9 +181,7 @@ def evaluation_tables(scale: Scale, out: str, warm_start: list[dict]) -> tuple[l
     with its 95% bootstrap interval and the mean gain over the warm start."""
     rows, summary = list(warm_start), []
     before = {r["prompts"]: r["success"] for r in warm_start}
-    plan = [(r, w, False) for r in scale.grid_routes for w in scale.windows]
-    plan += [(r, scale.partial_window, True) for r in scale.partial_routes]
-    for route, window, partial in plan:
+    for route, window, partial in grid_cells(scale):
         runs = []
         for seed in range(scale.seeds):
             path = os.path.join(out, "runs", run_name(route, window, partial, seed) + ".eval.json")
@@ -295,8 +312,14 @@ def main(argv=None):
                         help="another fixed training set (scales with RLConfig.prompt_pool)")
     parser.add_argument("--resume", action="store_true",
                         help="skip the runs whose CSV exists in --out/runs and summarise all")
+    parser.add_argument("--stop-after-minutes", type=float, default=None, metavar="M",
+                        help="start no new run once M > 0 minutes of runs have passed; "
+                             "summarise the finished runs (a grid in sittings: continue "
+                             "with --resume)")
     add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
+    if args.stop_after_minutes is not None and not args.stop_after_minutes > 0:
+        parser.error(f"--stop-after-minutes must be > 0, got {args.stop_after_minutes:g}")
     enable_from_args(args)
     scale = SCALES[args.scale]
     if args.prompt_pool_seed is not None:
@@ -324,23 +347,29 @@ def main(argv=None):
         return out
 
     histories, timed = load_runs(scale, out) if args.resume else ({}, {})
-    plan = [(r, w, False) for r in scale.grid_routes for w in scale.windows]
-    plan += [(r, scale.partial_window, True) for r in scale.partial_routes]
-    for route, window, partial in plan:
-        for seed in range(scale.seeds):
-            if len(histories.get((route, window, partial), [])) > seed:
-                continue
-            history = run_one(scale, route, window, partial, seed, scale.iterations,
-                              params, model_config, out)
-            histories.setdefault((route, window, partial), []).append(history)
-            log(f"{run_name(route, window, partial, seed)}: success "
-                f"{history['success_rate'].mean():.3f} active "
-                f"{history['active_token_fraction'].mean():.3f} |log r_d| "
-                f"{history['abs_log_rd_mean'].mean():.4f} "
-                f"s/step {np.median(history['wall_seconds'][1:]):.2f}")
-            if window == scale.overhead_window and not partial and seed == 0:
-                timed[route] = history
-    if scale.overhead_iterations:
+    stopped, grid_started = False, time.perf_counter()
+    for route, window, partial, seed in run_order(scale):
+        if len(histories.get((route, window, partial), [])) > seed:
+            continue
+        if args.stop_after_minutes is not None and \
+                time.perf_counter() - grid_started > 60 * args.stop_after_minutes:
+            log(f"--stop-after-minutes {args.stop_after_minutes:g} reached before "
+                f"{run_name(route, window, partial, seed)}: summarising the finished runs "
+                f"(rerun with --resume to continue)")
+            stopped = True
+            break
+        history = run_one(scale, route, window, partial, seed, scale.iterations,
+                          params, model_config, out)
+        histories.setdefault((route, window, partial), []).append(history)
+        log(f"{run_name(route, window, partial, seed)}: success "
+            f"{history['success_rate'].mean():.3f} active "
+            f"{history['active_token_fraction'].mean():.3f} |log r_d| "
+            f"{history['abs_log_rd_mean'].mean():.4f} "
+            f"s/step {np.median(history['wall_seconds'][1:]):.2f}")
+        if window == scale.overhead_window and not partial and seed == 0:
+            timed[route] = history
+    histories = {cell: histories[cell] for cell in grid_cells(scale) if cell in histories}
+    if scale.overhead_iterations and not stopped:
         for route in ROUTES:
             if route not in timed:
                 timed[route] = run_one(scale, route, scale.overhead_window, False, 0,

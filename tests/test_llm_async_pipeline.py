@@ -368,8 +368,13 @@ def test_bpe_ci_experiment_random_staleness_and_saved_evaluations(load_experimen
     eval.csv / eval_summary.csv from the saved runs alone."""
     out = str(tmp_path / "bpe_ci")
     experiment = load_experiment("old_logits")  # in process: the compiled programs are shared
-    experiment.main(["--scale", "bpe-ci", "--out", out])
-    assert {r["window"] for r in _read_csv(os.path.join(out, "summary.csv"))} == {"1", "4"}
+    # a sitting's chunk: past its time, no new run starts; the largest window comes first
+    experiment.main(["--scale", "bpe-ci", "--out", out, "--stop-after-minutes", "0.001"])
+    assert sorted(os.listdir(os.path.join(out, "runs"))) == ["ewma_W4_seed0.csv",
+                                                            "ewma_W4_seed0.eval.json"]
+    assert [r["window"] for r in _read_csv(os.path.join(out, "summary.csv"))] == ["4"]
+    experiment.main(["--scale", "bpe-ci", "--out", out, "--resume"])
+    assert [r["window"] for r in _read_csv(os.path.join(out, "summary.csv"))] == ["1", "4"]
     # the lag L ~ U{0..w}, clipped to the versions the ring holds at step i (≤ i): never above
     # min(w, i), and (unlike the fixed lag, always min(w, i)) below it at some step
     gaps = [float(r["lag/version_gap_mean"]) for r in _read_csv(os.path.join(out, "runs", "ewma_W4_seed0.csv"))]
