@@ -26,6 +26,9 @@ Writes to --out (default results/old_logits for cpu and paper, else results/old_
                   held-out prompts (with a prompt pool, ci, also on the training prompts),
                   and per (route, W) the seed mean with its 95% interval and the gain over
                   the warm start
+  verdicts.csv, claims.csv  (when the grid has recompute_current and evaluates) the paper's
+                  route claims per W, seed-paired on the seeds every route finished
+                  (:func:`route_verdicts`), and per claim over the windows
   success_vs_step.png, mechanism.png, reset_ablation.png, config.json
 The ``bpe`` scale is issue 19's confirmation on the BPE warm start (results/llm_warm_start_bpe/model,
 random staleness L ~ U{0..W}, W ∈ {1, 4, 16}, 5 seeds × 60 iterations; ``bpe-ci`` its test
@@ -54,6 +57,7 @@ import numpy as np
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
 from fresh_rl.eval import seed_interval
+from fresh_rl.eval.route_claims import claim_summary, decide_route_claims
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm.checkpoint import add_model_flag, load_hf_model
 from fresh_rl.llm.evaluation import evaluate_policies
@@ -198,6 +202,38 @@ def evaluation_tables(scale: Scale, out: str, warm_start: list[dict]) -> tuple[l
                             "success_high": high, "warm_start": before[prompts],
                             "gain": mean - before[prompts]})
     return rows, summary
+
+
+def route_verdicts(scale: Scale, histories: dict, eval_rows: list[dict]) -> list[dict]:
+    """Per window: the paper's route claims (:mod:`fresh_rl.eval.route_claims`) decided on the
+    seeds every route of the grid has finished (paired: same keys), with the learner's final
+    success as the reward ("return"; on the training prompts with a prompt pool, else held
+    out) and the run's mean active-token fraction once the ring is full (step ≥ W) as
+    "active". No rows at a window without recompute_current, which gates every claim."""
+    prompts = "training" if scale.rl.prompt_pool else "held_out"
+    success = {(r["route"], r["window"], r["seed"]): r["success"] for r in eval_rows
+               if "route" in r and not r["partial"] and r["prompts"] == prompts}
+    rows = []
+    for window in scale.windows:
+        runs = {route: histories.get((route, window, False), []) for route in scale.grid_routes}
+        seeds = 0
+        while all(len(runs[route]) > seeds and (route, window, seeds) in success for route in runs):
+            seeds += 1
+        if not seeds or "recompute_current" not in runs:
+            continue
+
+        def metric_of(route, metric, window=window, seeds=seeds):
+            if route not in runs:
+                return None
+            if metric == "return":
+                return np.array([success[(route, window, s)] for s in range(seeds)])
+            return np.array([h["active_token_fraction"][min(window, len(h["active_token_fraction"]) - 1):].mean()
+                             for h in runs[route][:seeds]])
+        masked = 1.0 - float(metric_of("recompute_current", "active").mean())
+        rows += [{"window": window, "prompts": prompts, "seeds": seeds,
+                  "recompute_current_masked_fraction": masked, **row}
+                 for row in decide_route_claims(metric_of, masked)]
+    return rows
 
 
 def time_routes_interleaved(scale: Scale, params, model_config, rounds: int) -> dict:
@@ -391,6 +427,11 @@ def main(argv=None):
         write_csv(os.path.join(out, "eval.csv"), rows)
         write_csv(os.path.join(out, "eval_summary.csv"), eval_summary)
         log(f"evaluation: {eval_summary}")
+        verdicts = route_verdicts(scale, histories, rows)
+        if verdicts:
+            write_csv(os.path.join(out, "verdicts.csv"), verdicts)
+            write_csv(os.path.join(out, "claims.csv"),
+                      claim_summary(verdicts, lambda r: f"W={r['window']}"))
     plot(curves, scale, out)
     info = provenance(command=" ".join(["python experiments/old_logits.py"]
                                        + list(argv if argv is not None else sys.argv[1:])),

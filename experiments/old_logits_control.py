@@ -49,7 +49,9 @@ import numpy as np
 from fresh_rl.control import old_logits_train as olt
 from fresh_rl.control.train import TrainConfig
 from fresh_rl.corrections import ewma_beta_from_staleness
-from fresh_rl.eval import paired_claim, seed_interval
+from fresh_rl.eval import seed_interval
+from fresh_rl.eval.route_claims import (MIN_MASKED_FRACTION, ROUTE_CLAIMS, claim_summary,
+                                        decide_route_claims)
 from fresh_rl.lag import DelayConfig
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
 from fresh_rl.sweep import RunCheckpointer, output_lock, run_sharded
@@ -58,9 +60,6 @@ from fresh_rl.sweep.study_cli import study_main
 
 RESULTS = REPOSITORY_ROOT / "results" / "old_logits_control"
 MAIN_THRESHOLD = 0.9  # the EWMA reset threshold of the route comparison (the library default)
-MIN_MASKED_FRACTION = 0.05
-"""Below this fraction of samples masked by recompute_current at a W, the mask has not collapsed
-there, so no route claim can be decided at that W (the verdict says "untestable here")."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,7 +266,7 @@ def summarize(scale: Scale, results: dict, costs: list[dict], out_dir: Path, hea
                                        "active_fraction_min": float(d["loss/active_token_fraction"].mean(0).min()),
                                        "final": summary_rows[-1]["final"], "mean": summary_rows[-1]["mean"]})
     verdict_rows = _verdicts(scale, results)
-    claim_rows = claim_summary(verdict_rows)
+    claim_rows = claim_summary(verdict_rows, _cell_label)
     reset_curve_rows = reset_curves(scale, results)
     for name, rows in (("runs", run_rows), ("summary", summary_rows), ("active_fraction", curve_rows),
                        ("reset", reset_rows), ("reset_over_time", reset_curve_rows), ("costs", costs),
@@ -283,48 +282,19 @@ def _pick(data: dict, scale: Scale, route: str, lr_index: int, threshold=MAIN_TH
     return {k: v[t, lr_index] for k, v in data.items()}
 
 
-CLAIMS = (
-    # (claim, route a, route b, a better?, metric): paired by seed; metric "return" = the mean
-    # learner return over the run's evaluations, "active" = the run's mean ρ_active
-    ("mask collapse costs reward: snapshot > recompute_current", "snapshot", "recompute_current", True, "return"),
-    ("EWMA (reset) > recompute_current", "ewma", "recompute_current", True, "return"),
-    ("EWMA (no reset) > recompute_current", "ewma_no_reset", "recompute_current", True, "return"),
-    ("EWMA (reset) loses reward against snapshot", "ewma", "snapshot", False, "return"),
-    ("EWMA (no reset) loses reward against snapshot", "ewma_no_reset", "snapshot", False, "return"),
-    ("proxies only move the clip boundary: log-linear proxy keeps fewer samples than snapshot",
-     "loglinear_proxy", "snapshot", False, "active"),
-    ("proxies only move the clip boundary: linear proxy keeps fewer samples than snapshot",
-     "linear_proxy", "snapshot", False, "active"),
-    ("log-linear proxy < snapshot in reward", "loglinear_proxy", "snapshot", False, "return"),
-    ("linear proxy < snapshot in reward", "linear_proxy", "snapshot", False, "return"),
-    ("reset restores coverage: EWMA ρ_active with reset > without", "ewma", "ewma_no_reset", True, "active"),
-    ("reset helps reward: EWMA with reset > without", "ewma", "ewma_no_reset", True, "return"),
+CLAIMS = ROUTE_CLAIMS + (
+    # the slow-reference stage's claims (this study's own): β = W/(W + 1) with and without reset
     ("slow reference β = W/(W + 1): reset restores coverage", "ewma" + SLOW, "ewma_no_reset" + SLOW, True, "active"),
     ("slow reference β = W/(W + 1): reset helps reward", "ewma" + SLOW, "ewma_no_reset" + SLOW, True, "return"),
     ("centred β = W/(W + 2) beats the slow β = W/(W + 1) (no reset)", "ewma_no_reset", "ewma_no_reset" + SLOW,
      True, "return"),
 )
-RECOVERY_CLAIMS = tuple(
-    (f"{name} recovers most (> 50%) of the exact route's reward over recompute_current", route)
-    for name, route in (("EWMA (reset)", "ewma"), ("EWMA (no reset)", "ewma_no_reset")))
-"""(claim, route): (route − recompute_current)/(snapshot − recompute_current) of the returns
-has its 95% interval above 0.5 (reproduced) or below it (refuted)."""
+"""The paper's route claims (:data:`fresh_rl.eval.route_claims.ROUTE_CLAIMS`; metric "return" =
+the mean learner return over the run's evaluations) and the slow-reference stage's."""
 
 
 def _metric(data: dict, metric: str) -> np.ndarray:
     return scores(data)[1] if metric == "return" else data["loss/active_token_fraction"].mean(-1)
-
-
-def recovery_fraction(ewma, snapshot, current, reps: int = 2000, seed: int = 0) -> dict:
-    """(ewma − current)/(snapshot − current) of the seed means, with a percentile bootstrap over
-    seeds resampled jointly (the runs are paired by seed)."""
-    ewma, snapshot, current = (np.asarray(x, np.float64) for x in (ewma, snapshot, current))
-    idx = np.random.default_rng(seed).integers(0, ewma.size, size=(reps, ewma.size))
-    gap = snapshot[idx].mean(1) - current[idx].mean(1)
-    boot = (ewma[idx].mean(1) - current[idx].mean(1)) / np.where(gap == 0, np.nan, gap)
-    low, high = np.nanpercentile(boot, [2.5, 97.5])
-    point = (ewma.mean() - current.mean()) / (snapshot.mean() - current.mean())
-    return {"difference": float(point), "low": float(low), "high": float(high)}
 
 
 def _verdicts(scale: Scale, results: dict) -> list[dict]:
@@ -334,61 +304,18 @@ def _verdicts(scale: Scale, results: dict) -> list[dict]:
             for l, lr in enumerate(scale.learning_rates):
                 def get(route):
                     return _pick(results[(env, window, route)], scale, route, l)
+
+                def metric_of(route, metric):  # None: a stage this scale does not run
+                    return _metric(get(route), metric) if (env, window, route) in results else None
                 collapse = 1.0 - float(get("recompute_current")["loss/active_token_fraction"].mean())
                 base = {"task": env, "window": window, "learning_rate": lr,
                         "recompute_current_masked_fraction": collapse}
-                gap = None
-                for claim, a, b, a_better, metric in CLAIMS:
-                    if (env, window, a) not in results or (env, window, b) not in results:
-                        continue  # a stage this scale does not run
-                    sa, sb = _metric(get(a), metric), _metric(get(b), metric)
-                    row = paired_claim(sa, sb, a_better)
-                    if (a, b, metric) == ("snapshot", "recompute_current", "return"):
-                        gap = row  # the exact route's gain the recovery claims divide by
-                    if collapse < MIN_MASKED_FRACTION:
-                        row["verdict"] = f"untestable here (recompute_current masks {collapse:.3f})"
-                    rows.append({**base, "claim": claim, "a": a, "b": b, "metric": metric,
-                                 "mean_a": float(sa.mean()), "mean_b": float(sb.mean()), **row})
-                for claim, route in RECOVERY_CLAIMS:
-                    returns = [_metric(get(r), "return") for r in (route, "snapshot", "recompute_current")]
-                    row = recovery_fraction(*returns)
-                    if collapse < MIN_MASKED_FRACTION:
-                        row["verdict"] = f"untestable here (recompute_current masks {collapse:.3f})"
-                    elif gap["low"] <= 0:
-                        row["verdict"] = "untestable here (snapshot does not beat recompute_current: no gap)"
-                    else:
-                        row["verdict"] = ("reproduced" if row["low"] > 0.5 else "refuted" if row["high"] < 0.5
-                                          else "not separated")
-                    rows.append({**base, "claim": claim, "a": route, "b": "snapshot vs recompute_current",
-                                 "metric": "recovered fraction", "mean_a": float(returns[0].mean()),
-                                 "mean_b": float(returns[1].mean()), **row})
+                rows += [{**base, **row} for row in decide_route_claims(metric_of, collapse, CLAIMS)]
     return rows
 
 
-def claim_summary(verdict_rows: list[dict]) -> list[dict]:
-    """One row per claim over its (task, W, lr) cells: how many cells reproduce, refute, do not
-    separate or cannot test it, and the overall reading: *reproduced* / *refuted* when some
-    testable cells decide it one way and none the other, *mixed* when cells decide both ways,
-    *not separated* when no cell decides, *untestable here* when no cell can test it."""
-    rows = []
-    for claim in dict.fromkeys(r["claim"] for r in verdict_rows):
-        cells = [r for r in verdict_rows if r["claim"] == claim]
-        count = {v: sum(r["verdict"] == v for r in cells) for v in ("reproduced", "refuted", "not separated")}
-        untestable = len(cells) - sum(count.values())
-        testable = len(cells) - untestable
-        if count["reproduced"] and count["refuted"]:
-            overall = "mixed"
-        elif count["reproduced"] or count["refuted"]:
-            overall = "reproduced" if count["reproduced"] else "refuted"
-        else:
-            overall = "not separated" if count["not separated"] else "untestable here"
-        if testable:
-            overall += f" ({count['reproduced'] + count['refuted']} of {testable} testable cells decide)"
-        decided = [f"{r['task'].split('-')[0]} W={r['window']} lr={r['learning_rate']}: {r['verdict']}"
-                   for r in cells if r["verdict"] in ("reproduced", "refuted")]
-        rows.append({"claim": claim, "metric": cells[0]["metric"], "cells": len(cells), **count,
-                     "untestable": untestable, "overall": overall, "decided_cells": "; ".join(decided)})
-    return rows
+def _cell_label(row: dict) -> str:
+    return f"{row['task'].split('-')[0]} W={row['window']} lr={row['learning_rate']}"
 
 
 def reset_curves(scale: Scale, results: dict) -> list[dict]:

@@ -361,13 +361,17 @@ def test_ci_experiment_improves_arithmetic_reward_over_the_warm_start(ci_run):
     assert rows["snapshot_W1_seed0", "training"] - rows["warm_start", "training"] >= 0.04
 
 
-def test_bpe_ci_experiment_random_staleness_and_saved_evaluations(load_experiment, tmp_path):
+def test_bpe_ci_experiment_random_staleness_and_saved_evaluations(load_experiment, tmp_path, capsys):
     """The BPE confirmation's test version (stand-in model folder named by the scale itself,
     random staleness U{0..W}, W ∈ {1, 4}, a fixed training pool as the study's): each run's
     evaluation (training pool and held-out) is written with it, and a --resume rerun rebuilds
     eval.csv / eval_summary.csv from the saved runs alone."""
     out = str(tmp_path / "bpe_ci")
     experiment = load_experiment("old_logits")  # in process: the compiled programs are shared
+    with pytest.raises(SystemExit):
+        experiment.main(["--scale", "bpe-ci", "--out", out, "--stop-after-minutes", "0"])
+    assert "--stop-after-minutes must be > 0, got 0" in capsys.readouterr().err
+    assert not os.path.exists(out)
     # a sitting's chunk: past its time, no new run starts; the largest window comes first
     experiment.main(["--scale", "bpe-ci", "--out", out, "--stop-after-minutes", "0.001"])
     assert sorted(os.listdir(os.path.join(out, "runs"))) == ["ewma_W4_seed0.csv",
@@ -393,3 +397,32 @@ def test_bpe_ci_experiment_random_staleness_and_saved_evaluations(load_experimen
         (w, prompts, "1") for w in ("1", "4") for prompts in ("training", "held_out")]
     for r in summary:
         assert float(r["gain"]) == pytest.approx(float(r["success"]) - float(r["warm_start"]))
+
+
+def test_route_verdicts_pair_the_seeds_every_route_finished(load_experiment):
+    """The bpe grid's claims per W: on the seeds all its routes finished (here 2, not snapshot's 3),
+    reward from the learner's training-pool success, mask from the steps with a full ring; no
+    rows at a W whose grid has not started."""
+    experiment = load_experiment("old_logits")
+    scale = dataclasses.replace(experiment.SCALES["bpe"], grid_routes=("recompute_current", "snapshot", "linear_proxy"), windows=(1, 4))
+    steps = 8
+
+    def history(active):
+        return {"active_token_fraction": np.concatenate([np.ones(4), np.full(steps - 4, active)])}
+    histories = {("recompute_current", 4, False): [history(0.8), history(0.7)],
+                 ("snapshot", 4, False): [history(1.0)] * 3, ("linear_proxy", 4, False): [history(0.9)] * 2}
+    success = {"recompute_current": [0.40, 0.42], "snapshot": [0.60, 0.66, 0.10], "linear_proxy": [0.5, 0.5]}
+    eval_rows = [{"policy": "warm_start", "prompts": "training", "success": 0.36}]
+    eval_rows += [{"route": route, "window": 4, "partial": False, "seed": seed, "prompts": prompts,
+                   "success": value if prompts == "training" else 0.0}
+                  for route, values in success.items() for seed, value in enumerate(values)
+                  for prompts in ("training", "held_out")]
+    rows = experiment.route_verdicts(scale, histories, eval_rows)
+    assert {(r["window"], r["prompts"], r["seeds"]) for r in rows} == {(4, "training", 2)}
+    assert rows[0]["recompute_current_masked_fraction"] == pytest.approx(0.25)
+    first = rows[0]
+    assert (first["a"], first["b"], first["metric"]) == ("snapshot", "recompute_current", "return")
+    assert first["difference"] == pytest.approx(0.22) and first["mean_a"] == pytest.approx(0.63)
+    active = next(r for r in rows if r["metric"] == "active")
+    assert (active["a"], active["b"]) == ("linear_proxy", "snapshot")
+    assert active["mean_a"] == pytest.approx(0.9) and active["mean_b"] == pytest.approx(1.0)
