@@ -32,9 +32,9 @@ Writes to --out (default results/old_logits for cpu and paper, else results/old_
   success_vs_step.png, mechanism.png, reset_ablation.png, config.json
 The ``bpe`` scale is issue 19's confirmation on the BPE warm start (results/llm_warm_start_bpe/model,
 random staleness L ~ U{0..W}, W ∈ {1, 4, 16}, 5 seeds × 60 iterations; ``bpe-ci`` its test
-version on the stand-in). A grid longer than a sitting runs in chunks: ``--stop-after-minutes M``
-starts no new run once M minutes of runs have passed and summarises the finished ones (largest W first, seed by
-seed across routes: :func:`run_order`); ``--resume`` continues.
+version on the stand-in). A grid longer than a sitting runs in chunks: ``--max-runs N`` makes
+at most N new runs and summarises every finished one (largest W first, seed by seed across
+routes: :func:`run_order`); ``--resume`` continues.
 The ``paper`` scale configures the qwen2.5-0.5b preset (pass --checkpoint, an HF folder) and
 larger batches; it is not run here. ``--model PATH`` (any Hugging Face folder with its
 tokenizer, e.g. Qwen2.5-0.5B-Instruct) runs a scale from that model with the task speaking
@@ -91,7 +91,7 @@ def grid_cells(scale: Scale) -> list[tuple[str, int, bool]]:
 def run_order(scale: Scale) -> list[tuple[str, int, bool, int]]:
     """``(route, W, partial, seed)`` in the order the runs are made: largest window first and,
     within a window, seed by seed across the routes, so that a grid cut short (a sitting's
-    ``--stop-after-minutes``) leaves every route compared at the strongest staleness with the
+    ``--max-runs``) leaves every route compared at the strongest staleness with the
     same seeds. Each cell's seeds still finish in order (what ``--resume`` counts on)."""
     cells = grid_cells(scale)
     windows = sorted({w for _, w, _ in cells}, reverse=True)
@@ -348,14 +348,14 @@ def main(argv=None):
                         help="another fixed training set (scales with RLConfig.prompt_pool)")
     parser.add_argument("--resume", action="store_true",
                         help="skip the runs whose CSV exists in --out/runs and summarise all")
-    parser.add_argument("--stop-after-minutes", type=float, default=None, metavar="M",
-                        help="start no new run once M > 0 minutes of runs have passed; "
-                             "summarise the finished runs (a grid in sittings: continue "
-                             "with --resume)")
+    parser.add_argument("--max-runs", type=int, default=None, metavar="N",
+                        help="make at most N new runs, then summarise every finished run "
+                             "(a grid in sittings: continue with --resume; with --resume, "
+                             "0 only rewrites the tables)")
     add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
-    if args.stop_after_minutes is not None and not args.stop_after_minutes > 0:
-        parser.error(f"--stop-after-minutes must be > 0, got {args.stop_after_minutes:g}")
+    if args.max_runs is not None and not (args.max_runs >= 1 or (args.max_runs == 0 and args.resume)):
+        parser.error(f"--max-runs must be >= 1 (or 0 with --resume: only the tables), got {args.max_runs}")
     enable_from_args(args)
     scale = SCALES[args.scale]
     if args.prompt_pool_seed is not None:
@@ -383,17 +383,16 @@ def main(argv=None):
         return out
 
     histories, timed = load_runs(scale, out) if args.resume else ({}, {})
-    stopped, grid_started = False, time.perf_counter()
+    stopped, new_runs = False, 0
     for route, window, partial, seed in run_order(scale):
         if len(histories.get((route, window, partial), [])) > seed:
             continue
-        if args.stop_after_minutes is not None and \
-                time.perf_counter() - grid_started > 60 * args.stop_after_minutes:
-            log(f"--stop-after-minutes {args.stop_after_minutes:g} reached before "
-                f"{run_name(route, window, partial, seed)}: summarising the finished runs "
-                f"(rerun with --resume to continue)")
+        if args.max_runs is not None and new_runs == args.max_runs:
+            log(f"--max-runs {args.max_runs} reached before {run_name(route, window, partial, seed)}: "
+                f"summarising the finished runs (rerun with --resume to continue)")
             stopped = True
             break
+        new_runs += 1
         history = run_one(scale, route, window, partial, seed, scale.iterations,
                           params, model_config, out)
         histories.setdefault((route, window, partial), []).append(history)

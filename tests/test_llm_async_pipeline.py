@@ -364,16 +364,18 @@ def test_ci_experiment_improves_arithmetic_reward_over_the_warm_start(ci_run):
 def test_bpe_ci_experiment_random_staleness_and_saved_evaluations(load_experiment, tmp_path, capsys):
     """The BPE confirmation's test version (stand-in model folder named by the scale itself,
     random staleness U{0..W}, W ∈ {1, 4}, a fixed training pool as the study's): each run's
-    evaluation (training pool and held-out) is written with it, and a --resume rerun rebuilds
-    eval.csv / eval_summary.csv from the saved runs alone."""
+    evaluation (training pool and held-out) is written with it; a chunk (--max-runs 1) makes the
+    largest W's run, --resume the rest, and --resume --max-runs 0 rebuilds eval.csv /
+    eval_summary.csv from the saved runs alone."""
     out = str(tmp_path / "bpe_ci")
     experiment = load_experiment("old_logits")  # in process: the compiled programs are shared
-    with pytest.raises(SystemExit):
-        experiment.main(["--scale", "bpe-ci", "--out", out, "--stop-after-minutes", "0"])
-    assert "--stop-after-minutes must be > 0, got 0" in capsys.readouterr().err
+    for bad in (["--max-runs", "-1"], ["--max-runs", "0"]):  # 0 summarises, so only with --resume
+        with pytest.raises(SystemExit):
+            experiment.main(["--scale", "bpe-ci", "--out", out, *bad])
+        assert "--max-runs must be >= 1 (or 0 with --resume: only the tables)" in capsys.readouterr().err
     assert not os.path.exists(out)
-    # a sitting's chunk: past its time, no new run starts; the largest window comes first
-    experiment.main(["--scale", "bpe-ci", "--out", out, "--stop-after-minutes", "0.001"])
+    # a sitting's chunk: one run, the largest window first
+    experiment.main(["--scale", "bpe-ci", "--out", out, "--max-runs", "1"])
     assert sorted(os.listdir(os.path.join(out, "runs"))) == ["ewma_W4_seed0.csv",
                                                             "ewma_W4_seed0.eval.json"]
     assert [r["window"] for r in _read_csv(os.path.join(out, "summary.csv"))] == ["4"]
@@ -387,7 +389,7 @@ def test_bpe_ci_experiment_random_staleness_and_saved_evaluations(load_experimen
     for w in ("1", "4"):
         assert os.path.exists(os.path.join(out, "runs", f"ewma_W{w}_seed0.eval.json"))
     os.remove(os.path.join(out, "eval.csv"))
-    experiment.main(["--scale", "bpe-ci", "--out", out, "--resume"])
+    experiment.main(["--scale", "bpe-ci", "--out", out, "--resume", "--max-runs", "0"])
     rows = _read_csv(os.path.join(out, "eval.csv"))
     policies = ["warm_start", "ewma_W1_seed0", "ewma_W4_seed0"]
     assert sorted((r["prompts"], r["policy"]) for r in rows) == sorted(
