@@ -1,9 +1,8 @@
 """The missing-old-logit paper's route claims (arXiv 2605.12070) as seed-paired tests.
 
 One grid cell (a task, a staleness window W, a learning rate, ...) runs every route on the same
-seeds. A claim compares two routes there on one metric: ``"return"`` (the learner's reward:
-mean evaluation return in control, success rate of the LLM learner, whose episodes return 1 on
-success) or ``"active"`` (the run's mean active-token fraction ρ_active). The difference a − b
+seeds. A claim compares two routes there on one metric: ``"return"`` (the learner's score:
+mean evaluation return in control, the LLM learner's verifiable success rate) or ``"active"`` (the run's mean active-token fraction ρ_active). The difference a − b
 is decided by :func:`fresh_rl.eval.paired_claim`. Route names are those of both route
 registries (``fresh_rl.control.old_logits_train`` and ``fresh_rl.llm.old_logits``); this module
 knows only the names.
