@@ -124,6 +124,11 @@ def run_one(scale: Scale, route: str, window: int, partial: bool, seed: int, ite
     return history
 
 
+def full_ring(window: int, steps: int) -> slice:
+    """The iterations whose ring holds all W + 1 versions (step ≥ W; the last one if none)."""
+    return slice(min(window, steps - 1), steps)
+
+
 def read_run_csv(path: str) -> dict[str, np.ndarray]:
     """A run CSV as ``{metric: [steps]}`` (old column names mapped by RENAMED_COLUMNS)."""
     with open(path) as f:
@@ -163,7 +168,7 @@ def summarise(histories: dict, scale: Scale) -> tuple[list[dict], list[dict]]:
                        for i in range(len(mean))]
         n = stacked["success_rate"].shape[1]
         final = stacked["success_rate"][:, n - max(1, n // 3):].mean(axis=1)
-        full = slice(min(window, n - 1), n)
+        full = full_ring(window, n)
         row = {"route": route, "window": window, "partial": partial, "seeds": len(runs)}
         for name, values in (("final_success", final),
                              ("active_fraction", stacked["active_token_fraction"][:, full].mean(1)),
@@ -210,6 +215,8 @@ def route_verdicts(scale: Scale, histories: dict, eval_rows: list[dict]) -> list
     success as the reward ("return"; on the training prompts with a prompt pool, else held
     out) and the run's mean active-token fraction once the ring is full (step ≥ W) as
     "active". No rows at a window without recompute_current, which gates every claim."""
+    if "recompute_current" not in scale.grid_routes:
+        return []
     prompts = "training" if scale.rl.prompt_pool else "held_out"
     success = {(r["route"], r["window"], r["seed"]): r["success"] for r in eval_rows
                if "route" in r and not r["partial"] and r["prompts"] == prompts}
@@ -219,15 +226,15 @@ def route_verdicts(scale: Scale, histories: dict, eval_rows: list[dict]) -> list
         seeds = 0
         while all(len(runs[route]) > seeds and (route, window, seeds) in success for route in runs):
             seeds += 1
-        if not seeds or "recompute_current" not in runs:
+        if not seeds:
             continue
 
-        def metric_of(route, metric, window=window, seeds=seeds):
+        def metric_of(route, metric):  # used within this window's iteration only
             if route not in runs:
                 return None
             if metric == "return":
                 return np.array([success[(route, window, s)] for s in range(seeds)])
-            return np.array([h["active_token_fraction"][min(window, len(h["active_token_fraction"]) - 1):].mean()
+            return np.array([h["active_token_fraction"][full_ring(window, len(h["active_token_fraction"]))].mean()
                              for h in runs[route][:seeds]])
         masked = 1.0 - float(metric_of("recompute_current", "active").mean())
         rows += [{"window": window, "prompts": prompts, "seeds": seeds,

@@ -406,7 +406,8 @@ def test_route_verdicts_pair_the_seeds_every_route_finished(load_experiment):
     reward from the learner's training-pool success, mask from the steps with a full ring; no
     rows at a W whose grid has not started."""
     experiment = load_experiment("old_logits")
-    scale = dataclasses.replace(experiment.SCALES["bpe"], grid_routes=("recompute_current", "snapshot", "linear_proxy"), windows=(1, 4))
+    scale = dataclasses.replace(experiment.SCALES["bpe"], windows=(1, 4),
+                                grid_routes=("recompute_current", "snapshot", "linear_proxy"))
     steps = 8
 
     def history(active):

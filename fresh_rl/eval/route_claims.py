@@ -2,8 +2,9 @@
 
 One grid cell (a task, a staleness window W, a learning rate, ...) runs every route on the same
 seeds. A claim compares two routes there on one metric: ``"return"`` (the learner's score:
-mean evaluation return in control, the LLM learner's verifiable success rate) or ``"active"`` (the run's mean active-token fraction ρ_active). The difference a − b
-is decided by :func:`fresh_rl.eval.paired_claim`. Route names are those of both route
+mean evaluation return in control, the LLM learner's verifiable success rate) or ``"active"``
+(the run's mean active-token fraction ρ_active). The difference a − b is decided by
+:func:`fresh_rl.eval.paired_claim`. Route names are those of both route
 registries (``fresh_rl.control.old_logits_train`` and ``fresh_rl.llm.old_logits``); this module
 knows only the names.
 
@@ -42,6 +43,7 @@ RECOVERY_CLAIMS = tuple(
 """(claim, route): (route − recompute_current)/(snapshot − recompute_current) of the returns
 has its 95% interval above 0.5 (reproduced) or below it (refuted)."""
 MIN_MASKED_FRACTION = 0.05
+"""Below this fraction of samples masked by recompute_current, a cell cannot test a route claim."""
 
 
 def recovery_fraction(ewma, snapshot, current, reps: int = 2000, seed: int = 0) -> dict:
