@@ -27,8 +27,9 @@ Writes to --out (default results/old_logits for cpu and paper, else results/old_
                   and per (route, W) the seed mean with its 95% interval and the gain over
                   the warm start
   verdicts.csv, claims.csv  (when the grid has recompute_current and evaluates) the paper's
-                  route claims per W, seed-paired on the seeds every route finished
-                  (:func:`route_verdicts`), and per claim over the windows
+                  route claims per W and prompt set, seed-paired on the seeds every route
+                  finished (:func:`route_verdicts`), and per claim over the windows on the
+                  declared reward (:func:`declared_prompts`)
   success_vs_step.png, mechanism.png, reset_ablation.png, config.json
 The ``bpe`` scale is issue 19's confirmation on the BPE warm start (results/llm_warm_start_bpe/model,
 random staleness L ~ U{0..W}, W ∈ {1, 4, 16}, 5 seeds × 60 iterations; ``bpe-ci`` its test
@@ -209,37 +210,48 @@ def evaluation_tables(scale: Scale, out: str, warm_start: list[dict]) -> tuple[l
     return rows, summary
 
 
+def declared_prompts(scale: Scale) -> str:
+    """The prompt set whose success is the grid's declared reward: the training prompts with a
+    prompt pool (RL on this bed learns the prompts it trains on), else held-out prompts."""
+    return "training" if scale.rl.prompt_pool else "held_out"
+
+
 def route_verdicts(scale: Scale, histories: dict, eval_rows: list[dict]) -> list[dict]:
-    """Per window: the paper's route claims (:mod:`fresh_rl.eval.route_claims`) decided on the
-    seeds every route of the grid has finished (paired: same keys), with the learner's final
-    success as the reward ("return"; on the training prompts with a prompt pool, else held
-    out) and the run's mean active-token fraction once the ring is full (step ≥ W) as
-    "active". No rows at a window without recompute_current, which gates every claim."""
+    """Per window and prompt set: the paper's route claims (:mod:`fresh_rl.eval.route_claims`)
+    decided on the seeds every route of the grid has finished (paired: same keys), with the
+    learner's final success on those prompts as the reward ("return") and the run's mean
+    active-token fraction once the ring is full (step ≥ W) as "active". With a prompt pool
+    the declared reward is the training prompts' success (:func:`declared_prompts`) and the
+    held-out rows repeat the comparison on unseen prompts. No rows at a window without
+    recompute_current, which gates every claim."""
     if "recompute_current" not in scale.grid_routes:
         return []
-    prompts = "training" if scale.rl.prompt_pool else "held_out"
-    success = {(r["route"], r["window"], r["seed"]): r["success"] for r in eval_rows
-               if "route" in r and not r["partial"] and r["prompts"] == prompts}
+    prompt_sets = tuple(dict.fromkeys((declared_prompts(scale), "held_out")))
+    success = {(r["route"], r["window"], r["seed"], r["prompts"]): r["success"] for r in eval_rows
+               if "route" in r and not r["partial"]}
     rows = []
     for window in scale.windows:
         runs = {route: histories.get((route, window, False), []) for route in scale.grid_routes}
         seeds = 0
-        while all(len(runs[route]) > seeds and (route, window, seeds) in success for route in runs):
+        while all(len(runs[route]) > seeds
+                  and all((route, window, seeds, p) in success for p in prompt_sets)
+                  for route in runs):
             seeds += 1
         if not seeds:
             continue
+        for prompts in prompt_sets:
 
-        def metric_of(route, metric):  # used within this window's iteration only
-            if route not in runs:
-                return None
-            if metric == "return":
-                return np.array([success[(route, window, s)] for s in range(seeds)])
-            return np.array([h["active_token_fraction"][full_ring(window, len(h["active_token_fraction"]))].mean()
-                             for h in runs[route][:seeds]])
-        masked = 1.0 - float(metric_of("recompute_current", "active").mean())
-        rows += [{"window": window, "prompts": prompts, "seeds": seeds,
-                  "recompute_current_masked_fraction": masked, **row}
-                 for row in decide_route_claims(metric_of, masked)]
+            def metric_of(route, metric):  # used within this iteration only
+                if route not in runs:
+                    return None
+                if metric == "return":
+                    return np.array([success[(route, window, s, prompts)] for s in range(seeds)])
+                return np.array([h["active_token_fraction"][full_ring(window, len(h["active_token_fraction"]))].mean()
+                                 for h in runs[route][:seeds]])
+            masked = 1.0 - float(metric_of("recompute_current", "active").mean())
+            rows += [{"window": window, "prompts": prompts, "seeds": seeds,
+                      "recompute_current_masked_fraction": masked, **row}
+                     for row in decide_route_claims(metric_of, masked)]
     return rows
 
 
@@ -436,8 +448,9 @@ def main(argv=None):
         verdicts = route_verdicts(scale, histories, rows)
         if verdicts:
             write_csv(os.path.join(out, "verdicts.csv"), verdicts)
-            write_csv(os.path.join(out, "claims.csv"),
-                      claim_summary(verdicts, lambda r: f"W={r['window']}"))
+            write_csv(os.path.join(out, "claims.csv"), claim_summary(
+                [r for r in verdicts if r["prompts"] == declared_prompts(scale)],
+                lambda r: f"W={r['window']}"))
     plot(curves, scale, out)
     info = provenance(command=" ".join(["python experiments/old_logits.py"]
                                        + list(argv if argv is not None else sys.argv[1:])),

@@ -402,9 +402,10 @@ def test_bpe_ci_experiment_random_staleness_and_saved_evaluations(load_experimen
 
 
 def test_route_verdicts_pair_the_seeds_every_route_finished(load_experiment):
-    """The bpe grid's claims per W: on the seeds all its routes finished (here 2, not snapshot's 3),
-    reward from the learner's training-pool success, mask from the steps with a full ring; no
-    rows at a W whose grid has not started."""
+    """The bpe grid's claims per W and prompt set: on the seeds all its routes finished and
+    scored on both sets (here 2, not snapshot's 3), reward from the learner's success on that
+    set (training: the declared one), mask from the steps with a full ring; no rows at a W
+    whose grid has not started."""
     experiment = load_experiment("old_logits")
     scale = dataclasses.replace(experiment.SCALES["bpe"], windows=(1, 4),
                                 grid_routes=("recompute_current", "snapshot", "linear_proxy"))
@@ -421,11 +422,20 @@ def test_route_verdicts_pair_the_seeds_every_route_finished(load_experiment):
                   for route, values in success.items() for seed, value in enumerate(values)
                   for prompts in ("training", "held_out")]
     rows = experiment.route_verdicts(scale, histories, eval_rows)
-    assert {(r["window"], r["prompts"], r["seeds"]) for r in rows} == {(4, "training", 2)}
-    assert rows[0]["recompute_current_masked_fraction"] == pytest.approx(0.25)
+    assert experiment.declared_prompts(scale) == "training"
+    assert {(r["window"], r["prompts"], r["seeds"]) for r in rows} == {(4, "training", 2),
+                                                                       (4, "held_out", 2)}
+    assert all(r["recompute_current_masked_fraction"] == pytest.approx(0.25) for r in rows)
     first = rows[0]
-    assert (first["a"], first["b"], first["metric"]) == ("snapshot", "recompute_current", "return")
+    assert (first["prompts"], first["a"], first["b"], first["metric"]) == (
+        "training", "snapshot", "recompute_current", "return")
     assert first["difference"] == pytest.approx(0.22) and first["mean_a"] == pytest.approx(0.63)
+    held_out = next(r for r in rows if r["prompts"] == "held_out" and r["claim"] == first["claim"])
+    assert held_out["mean_a"] == 0.0 and held_out["difference"] == 0.0  # that set's own success
     active = next(r for r in rows if r["metric"] == "active")
     assert (active["a"], active["b"]) == ("linear_proxy", "snapshot")
     assert active["mean_a"] == pytest.approx(0.9) and active["mean_b"] == pytest.approx(1.0)
+    # a seed scored on one prompt set only is not paired yet
+    rows = experiment.route_verdicts(scale, histories, [r for r in eval_rows if not (
+        r.get("seed") == 1 and r.get("route") == "linear_proxy" and r["prompts"] == "held_out")])
+    assert {r["seeds"] for r in rows} == {1}
