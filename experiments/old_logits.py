@@ -239,6 +239,10 @@ def route_verdicts(scale: Scale, histories: dict, eval_rows: list[dict]) -> list
             seeds += 1
         if not seeds:
             continue
+        active = {route: np.array([h["active_token_fraction"][full_ring(window, len(h["active_token_fraction"]))].mean()
+                                   for h in histories_of[:seeds]])
+                  for route, histories_of in runs.items()}
+        masked = 1.0 - float(active["recompute_current"].mean())
         for prompts in prompt_sets:
 
             def metric_of(route, metric):  # used within this iteration only
@@ -246,9 +250,7 @@ def route_verdicts(scale: Scale, histories: dict, eval_rows: list[dict]) -> list
                     return None
                 if metric == "return":
                     return np.array([success[(route, window, s, prompts)] for s in range(seeds)])
-                return np.array([h["active_token_fraction"][full_ring(window, len(h["active_token_fraction"]))].mean()
-                                 for h in runs[route][:seeds]])
-            masked = 1.0 - float(metric_of("recompute_current", "active").mean())
+                return active[route]
             rows += [{"window": window, "prompts": prompts, "seeds": seeds,
                       "recompute_current_masked_fraction": masked, **row}
                      for row in decide_route_claims(metric_of, masked)]
