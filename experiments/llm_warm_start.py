@@ -118,8 +118,8 @@ BPE_SCALES = {
                        WarmStartConfig(steps=4, batch_size=2, warmup_steps=1, eval_episodes=2),
                        evals=2, tasks=("arithmetic",)),  # one task: compiles in seconds
 }
-# The success band the chosen checkpoint should lie in at temperature 1 (the issue's "roughly
-# 0.2-0.5 on each task, not saturated"); the rule: warm_start.select_checkpoint.
+# The success band the chosen checkpoint should lie in at temperature 1 (the target
+# "roughly 0.2-0.5 on each task, not saturated"); the rule: warm_start.select_checkpoint.
 BAND = (0.2, 0.5)
 
 

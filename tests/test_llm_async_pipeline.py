@@ -350,7 +350,7 @@ def test_smoke_experiment_writes_results(smoke_run):
 
 @pytest.mark.slow  # 16 iterations and 4 × 1024 evaluation episodes: ~5 min on 2 cores
 def test_ci_experiment_improves_arithmetic_reward_over_the_warm_start(ci_run):
-    """Issue acceptance: the ci run (RL on a fixed set of 32 training prompts) raises the
+    """Acceptance: the ci run (RL on a fixed set of 32 training prompts) raises the
     arithmetic success of the warm start on those prompts. 1024 episodes per policy on the
     same prompts and keys: a paired difference of 0.04 is about 2 standard errors, and four
     training sets gave +0.09 to +0.16 (results/old_logits_ci, results/old_logits/README.md)."""
@@ -374,7 +374,7 @@ def test_bpe_ci_experiment_random_staleness_and_saved_evaluations(load_experimen
             experiment.main(["--scale", "bpe-ci", "--out", out, *bad])
         assert "--max-runs must be >= 1 (or 0 with --resume: only the tables)" in capsys.readouterr().err
     assert not os.path.exists(out)
-    # a sitting's chunk: one run, the largest window first
+    # one chunk of --max-runs: one run, the largest window first
     experiment.main(["--scale", "bpe-ci", "--out", out, "--max-runs", "1"])
     assert sorted(os.listdir(os.path.join(out, "runs"))) == ["ewma_W4_seed0.csv",
                                                             "ewma_W4_seed0.eval.json"]

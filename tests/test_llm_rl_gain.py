@@ -1,4 +1,4 @@
-"""experiments/llm_rl_gain.py: the held-out RL gain per task × seed (issue 19's test bed).
+"""experiments/llm_rl_gain.py: the held-out RL gain per task × seed (the LLM test bed).
 
 The ci scale runs end to end on the random-weight BPE stand-in (2 seeds × 2 iterations): every
 run records before / after / gain on the same held-out episodes, the table aggregates them, the
@@ -63,13 +63,13 @@ def test_summarize_matches_numpy(load_experiment):
                 "after": b + g, "gain": g, "episodes": 64, "train_seconds": 60.0 * (s + 1)}
                for t in ("countdown", "sokoban") for lr in (1e-4, 3e-4)
                for s, (b, g) in enumerate(rng.uniform(0, 0.3, (5, 2)))]
-    rows = module.summarize(records, reps=500)
+    rows = module.summarize(records)
     assert [(r["task"], r["learning_rate"]) for r in rows] == [
         ("countdown", 1e-4), ("countdown", 3e-4), ("sokoban", 1e-4), ("sokoban", 3e-4)]
     for row in rows:
         gains = np.array([r["gain"] for r in records
                           if (r["task"], r["learning_rate"]) == (row["task"], row["learning_rate"])])
-        mean, low, high = seed_interval(gains, reps=500)
+        mean, low, high = seed_interval(gains)
         np.testing.assert_allclose([row["gain"], row["gain_ci_low"], row["gain_ci_high"]], [mean, low, high])
         assert row["seeds"] == 5 and row["train_minutes_per_run"] == pytest.approx(3.0)
 

@@ -277,7 +277,7 @@ def test_corrupt_checkpoint_is_detected_skipped_and_kept_aside(tmp_path, uninter
     abstract = jax.eval_shape(lambda: {"state": state, "history": metrics})
     with pytest.raises(RunIdentityError, match="another configuration or seed"):
         RunCheckpointer(tmp_path, "a different config").restore_latest(abstract)
-    if damage == "flip_bytes":  # the byte-flip of the issue: 64 bytes XORed in the largest file
+    if damage == "flip_bytes":  # the byte-flip case: 64 bytes XORed in the largest file
         _flip_bytes_in_largest_file(tmp_path / "6")
     else:
         for f in (tmp_path / "6" / "run").rglob("*"):

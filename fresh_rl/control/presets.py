@@ -163,8 +163,8 @@ VACO_SCALES = {
                _task("Acrobot-v1", total_env_steps=50_176, **_GYMNAX_DISCRETE)),
         lags=(0, 4), num_seeds=3, methods=("ppo_clip", "ppo_kl_adaptive", "vaco"), ablations=(), deltas=(PAPER_DELTA,),
     ),
-    # The study (issue "VACO study that can decide its claims"): several sittings on 2 cores,
-    # resumed from the saved runs. Budgets as before; whether lag-0 runs plateau is read off
+    # The study that can decide its claims: many hours on 2 cores, resumed from the saved
+    # runs. Budgets as before; whether lag-0 runs plateau is read off
     # the curves and stated in results/vaco/README.md.
     "cpu": Scale(
         tasks=(
@@ -176,8 +176,8 @@ VACO_SCALES = {
         ),
         lags=STUDY_LAGS, num_seeds=10, mixture=STUDY_MIXTURE,
     ),
-    # Ten minutes on one GPU (sized without one: no GPU was lent when it was written, so the
-    # budget is an estimate): two Brax tasks, lags 0 and 32, three methods, 5 seeds vmapped.
+    # Ten minutes on one GPU (the budget is an estimate, not yet run on a
+    # GPU): two Brax tasks, lags 0 and 32, three methods, 5 seeds vmapped.
     "gpu10": Scale(
         tasks=tuple(_task(f"brax/{n}", ablations=False, **{**_BRAX_PAPER, "total_env_steps": 5_000_000}, **_EVAL)
                     for n in ("halfcheetah", "hopper")),

@@ -71,7 +71,7 @@ TASKS = {
 # every 6 steps, the grid tasks 1 each (our choice: with a uniform cycle and all 4900 names,
 # search QA stayed at 0 success; the tiny model copies 4-letter random names imprecisely).
 CYCLE = ("arithmetic", "search_qa", "frozenlake", "arithmetic", "search_qa", "sokoban")
-# The BPE warm start (experiments/llm_warm_start.py --scale bpe; issue 19): the tasks of TASKS
+# The BPE warm start (experiments/llm_warm_start.py --scale bpe): the tasks of TASKS
 # speaking the BPE stand-in's tokenizer (with_vocab at run time) plus Countdown at its default
 # knobs (3 numbers in 1..9). Our choices, from a 200-step pilot and a first 1600-step run of
 # the bpe-5m model (results/llm_warm_start_bpe/sizing.md): arithmetic stays at 1 digit (at 2
@@ -116,7 +116,7 @@ def model_folder(model: str) -> Optional[str]:
 
 @dataclasses.dataclass(frozen=True)
 class RLGainScale:
-    """One scale of ``experiments/llm_rl_gain.py`` (issue 19: does RL raise *held-out*
+    """One scale of ``experiments/llm_rl_gain.py`` (does RL raise *held-out*
     success from the warm start?): GRPO through the pipeline at ``staleness_window`` (0:
     on-policy; snapshot old logits) from the Hugging Face folder ``model`` on each of ``tasks``
     (:data:`BPE_TASKS`, speaking the folder's tokenizer) for ``iterations`` iterations ×
@@ -148,7 +148,7 @@ def rl_gain_pipeline(window: int) -> ap.AsyncConfig:
     return ap.AsyncConfig(staleness_window=window, old_logit_route="snapshot")
 
 
-# The LLM confirmations' bed (issue 19): RL_GAIN_RL on a fixed pool of 64 training prompts.
+# The LLM confirmations' bed: RL_GAIN_RL on a fixed pool of 64 training prompts.
 # Our choice, from the RL-gain probe (results/llm_rl_gain/README.md): RL on this warm start
 # learns the prompts it trains on (pool 64: 0.363 → 0.590 in 60 iterations) but not unseen
 # ones, so the confirmations compare methods on training-pool success, held-out beside it.
@@ -239,7 +239,7 @@ OLD_LOGITS_SCALES = {
         grid_routes=BUILTIN_ROUTES, seeds=5, iterations=300, overhead_window=4,
         overhead_iterations=10, partial_routes=BUILTIN_ROUTES, partial_window=4,
         segment_tokens=32, eval_episodes=1024),
-    # issue 19's confirmation on the BPE warm start: random staleness L ~ U{0..W}, the route
+    # the LLM confirmation on the BPE warm start: random staleness L ~ U{0..W}, the route
     # grid at W ∈ {1, 4, 16}, GRPO at the RL-gain study's settings on a fixed pool of 64
     # training prompts (BPE_POOL_RL), 60 iterations of 64 episodes, 5 seeds; every final
     # policy scored on the pool and on held-out prompts
@@ -338,7 +338,7 @@ FRESHPER_SCALES = {
         rl=dataclasses.replace(FRESHPER_RL, num_groups=2, learning_rate=1e-4),
         tasks=("search_qa",), methods=freshper_methods(8.0, 4, 256)[:3], taus=(), seeds=5,
         iterations=32),
-    # Issue 19's pilot on the BPE warm start: how fast the stored trajectories' ESS decays
+    # The FreshPER pilot on the BPE warm start: how fast the stored trajectories' ESS decays
     # with age (ess_fit.csv), which sets the confirmation's τ grid (multiples of the time
     # constant) and buffer (≥ 10 time constants). Standard PER (τ = ∞) keeps every age, K = 1,
     # REINFORCE++ as the paper at the RL-gain study's learning rate, 64 episodes per
