@@ -302,6 +302,14 @@ def _apply_floor(config: ReplayConfig, state: ReplayState) -> ReplayState:
     add of a vmapped buffer would pay the rebuild."""
     if not config.floored:
         return state
+    return _floor_loop(config, state)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _floor_loop(config: ReplayConfig, state: ReplayState) -> ReplayState:
+    """The loop of ``_apply_floor``, jitted on the static config: its body closes over this
+    call's floor, so an eager ``add`` would otherwise trace and compile a new loop every call
+    (under an outer ``jit`` the inner one is inlined)."""
     log_floor = _log_floor(config, state)
     floored_leaf = jnp.asarray([[0.0, jnp.inf]], jnp.float32)
     one = jnp.ones((1,), bool)
@@ -470,11 +478,17 @@ def _add(
     if config.decays:
         newest = jnp.max(versions)
         overflow = state.decay_rate * (newest - state.reference_version) > config.rebase_exponent
-        state = jax.lax.cond(
-            overflow, lambda s: _rebase(config, s, newest), lambda s: s, state
-        )
+        state = _rebase_if(config, state, overflow, newest)
     state = _write_keys(config, state, slots, new_priority, versions, jnp.ones((batch_size,), bool))
     return _apply_floor(config, state)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _rebase_if(config: ReplayConfig, state: ReplayState, overflow, reference_version):
+    """``_rebase`` to ``reference_version`` when ``overflow``; jitted on the static config so
+    an eager ``add`` reuses one compiled ``cond`` instead of building its branches anew."""
+    return jax.lax.cond(overflow, lambda s: _rebase(config, s, reference_version),
+                        lambda s: s, state)
 
 
 def _sampling_probabilities(config: ReplayConfig, state: ReplayState) -> jax.Array:

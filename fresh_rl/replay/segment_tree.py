@@ -28,6 +28,7 @@ batch wins (``last_write_wins``).
 
 from __future__ import annotations
 
+import functools
 from typing import Literal, Sequence
 
 import jax
@@ -241,6 +242,9 @@ def write(
     return tree
 
 
+# The two walks are jitted on the column so that an eager call reuses one compiled loop (its body
+# closes over the tree's rows; a fresh closure per call would miss JAX's loop cache).
+@functools.partial(jax.jit, static_argnums=2)
 def _descend(tree: SegmentTree, remaining: jax.Array, column: int):
     """Root-to-leaf walk on a sum column that only ever enters children of positive mass.
 
@@ -313,6 +317,7 @@ def sample(tree: SegmentTree, targets: jax.Array, column: int = 0, tail_mass=Non
     return leaves, in_tail, jnp.maximum(tail_offset, 0.0)
 
 
+@functools.partial(jax.jit, static_argnums=1)
 def argmin(tree: SegmentTree, column: int) -> jax.Array:
     """Index of a leaf holding the minimum of a "min" column (the first such leaf in the
     descent): at every level the walk enters the first child whose value equals the parent's.
