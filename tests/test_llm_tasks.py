@@ -17,6 +17,7 @@ from fresh_rl.llm.rollout import expert_policy, run_episodes
 from fresh_rl.llm.tasks import (ArithmeticTask, FrozenLakeTask, Gsm8kTask, SearchQATask,
                                 SokobanTask, load_gsm8k_jsonl)
 from fresh_rl.llm.tasks.arithmetic import parse_final_answer
+from fresh_rl.llm.tasks.base import TextEnv
 from fresh_rl.llm.tokenizer import CHAR_TOKENIZER as TOK
 
 EOS = TOK.eos_id
@@ -34,6 +35,12 @@ def action(env, s, eos=True):
 
 def keys(n, seed=0):
     return jax.random.split(jax.random.PRNGKey(seed), n)
+
+
+@pytest.mark.parametrize("task", [ArithmeticTask, FrozenLakeTask, SearchQATask, SokobanTask])
+def test_every_task_provides_the_text_env_interface(task):
+    """The attributes and methods of fresh_rl.llm.tasks.base.TextEnv (the rollout reads them)."""
+    assert isinstance(task(), TextEnv)
 
 
 # ---------------------------------------------------------------- arithmetic / GSM8K

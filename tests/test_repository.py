@@ -120,3 +120,92 @@ def test_tracker_patterns_catch_what_they_are_for():
         return any(p.search(text) for p in TRACKER_PATTERNS.values())
     assert [t for t in caught if not matches(t)] == []
     assert [t for t in missed if matches(t)] == []
+
+
+# --------------------------------------------------------------------------------------------
+# Every module of the package is exercised by the default suite
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_fresh_rl_modules(path: Path, package_modules: set[str]) -> set[str]:
+    """fresh_rl modules a file imports (``import a.b``, ``from a.b import c`` where ``a.b.c``
+    may itself be a module, and relative imports inside the package)."""
+    import ast
+
+    tree = ast.parse(path.read_text(), filename=str(path))
+    own = _module_name(path) if path.is_relative_to(ROOT / "fresh_rl") else ""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolved against the importing module's package
+                anchor = own.split(".")[: len(own.split(".")) - node.level + (path.name == "__init__.py")]
+                base = ".".join([*anchor, *([base] if base else [])])
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            # importing a.b.c imports a and a.b as well
+            parts = name.split(".")
+            found |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & package_modules
+    return found
+
+
+def _default_suite_entry_files() -> list[Path]:
+    """Test files with at least one test outside the slow lane, and the scripts they run."""
+    files = []
+    for test_file in sorted((ROOT / "tests").glob("test_*.py")):
+        text = test_file.read_text()
+        tests = re.findall(r"^((?:@pytest\.mark\.slow[^\n]*\n)?)def test_", text, flags=re.M)
+        module_slow = re.search(r"^pytestmark\s*=.*slow", text, flags=re.M)
+        if module_slow or not any(not marker for marker in tests):
+            continue
+        files.append(test_file)
+        for script in re.findall(r"(?:experiments|benchmarks|notebooks)/[\w\-]+\.(?:py|ipynb)", text):
+            files.append(ROOT / script)
+        for stem in re.findall(r'load_experiment\("([\w]+)"\)', text):
+            files.append(ROOT / "experiments" / f"{stem}.py")
+        if re.search(r'"-m",\s*"fresh_rl"|-m fresh_rl\b', text):  # python -m fresh_rl
+            files.append(ROOT / "fresh_rl" / "__main__.py")
+    return files
+
+
+def _notebook_source(path: Path) -> str:
+    import json
+
+    cells = json.loads(path.read_text())["cells"]
+    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+def test_every_package_module_is_imported_by_the_default_suite():
+    """Following imports from the default suite's test files (and the experiment scripts and
+    notebooks they run) through the package reaches every module of fresh_rl."""
+    import tempfile
+
+    package = {_module_name(p) for p in (ROOT / "fresh_rl").rglob("*.py")}
+    paths = {_module_name(p): p for p in (ROOT / "fresh_rl").rglob("*.py")}
+    reached, frontier = set(), []
+    with tempfile.TemporaryDirectory() as tmp:
+        for entry in _default_suite_entry_files():
+            if not entry.exists():
+                continue
+            if entry.suffix == ".ipynb":
+                source = Path(tmp) / f"{entry.stem}.py"
+                source.write_text(_notebook_source(entry))
+                entry = source
+            if entry.is_relative_to(ROOT / "fresh_rl"):
+                frontier.append(_module_name(entry))
+            frontier += sorted(_imported_fresh_rl_modules(entry, package))
+    while frontier:
+        module = frontier.pop()
+        if module in reached:
+            continue
+        reached.add(module)
+        frontier += sorted(_imported_fresh_rl_modules(paths[module], package) - reached)
+    assert package - reached == set(), f"no default-suite test imports {sorted(package - reached)}"

@@ -41,13 +41,20 @@ import dataclasses
 import functools
 import math
 
-import brax.envs
+import contextlib
+import io
+
 import chex
 import jax
 import jax.numpy as jnp
 
 from fresh_rl.control.env_types import EnvSpec, StepOutput, VecEnvState, finish_step, start_episodes
 from fresh_rl.validation import require_choice, require_in_range, require_int
+
+# MuJoCo's optional GPU backend (mjx.warp) prints "Failed to import warp" to stdout when it is
+# not installed, which it never is here: Brax is imported with that print swallowed.
+with contextlib.redirect_stdout(io.StringIO()):
+    import brax.envs  # noqa: E402
 
 # The physics pipelines ``brax.envs.base.PipelineEnv`` accepts in brax 0.14.2.
 BRAX_BACKENDS: tuple[str, ...] = ("spring", "positional", "generalized", "mjx")

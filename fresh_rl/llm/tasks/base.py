@@ -23,13 +23,14 @@ expert's own trajectory (Sokoban replays the generator's solution).
 """
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 
 from fresh_rl.llm.tasks.vocab import TaskVocab
 
 
+@runtime_checkable
 class TextEnv(Protocol):
     vocab: TaskVocab
     stop_tokens: tuple[int, ...]
