@@ -15,7 +15,7 @@ Writes to --out (default results/freshper for cpu, results/freshper_<scale> othe
   runs/<task>_<method>.npz   per-iteration metrics [rows, iterations] (rows = seeds, or
                              τ × seeds for the ablation); a rerun skips finished runs
   checkpoints/               orbax checkpoints of unfinished runs (resume after a kill)
-  curves.csv      mean and 95% seed-bootstrap interval of success and return per step
+  curves.csv      mean and 95% Student-t interval over seeds of success and return per step
   final.csv       per (task, method): final success and return (mean of the last third of
                   the iterations), 95% interval, relative change of the return vs on-policy
                   (the paper's table)

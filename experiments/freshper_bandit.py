@@ -14,10 +14,11 @@ finish (a rerun skips the saved chunks; ``--fresh`` recomputes):
    alone: all share the grid and each is reported at every learning rate and at its best one.
 
 Outputs (``results/freshper_bandit/``): ``runs.csv`` (one row per run), ``final.csv`` (exact final
-and mean expected reward per method and learning rate with 95% bootstrap intervals over
+and mean expected reward per method and learning rate with 95% Student-t intervals over
 seeds), ``ess_vs_age.csv`` and ``ess_kl_vs_age.png`` (exact ESS/n and KL against age, fit),
 ``sampled_age.csv`` and ``sampled_age.png``, ``score_vs_tau.csv`` and ``score_vs_tau.png``,
-``final_scores.png``, and ``README.md`` with the verdicts computed from these numbers.
+``final_scores.png``, and ``README.md`` (the claims are decided by experiments/verdicts.py into
+results/VERDICTS.md).
 
     python experiments/freshper_bandit.py --scale ci    # seconds of running, the tests
     python experiments/freshper_bandit.py --scale cpu   # the committed results, 10 seeds
@@ -36,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fresh_rl.eval import paired_claim, seed_interval
+from fresh_rl.eval import seed_interval
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
 from fresh_rl.replay.methods import REPLAY_METHODS as METHODS
 from fresh_rl.sweep import RunCheckpointer, output_lock, product_grid, run_sharded
@@ -253,38 +254,6 @@ def summarize(scale: Scale, drift, grid, rows, data, out_dir: Path, header: dict
     fig.savefig(out_dir / "score_vs_tau.png", dpi=110)
     plt.close(fig)
 
-    # Verdicts: paired (same seed) differences of the final exact J, 95% bootstrap intervals.
-    def diff(a, b, li, metric, positive):
-        return paired_claim(metric[names.index(a), li], metric[names.index(b), li], positive)
-
-    claims = [("standard PER (authors') < on-policy", "per_authors", "onpolicy", False),
-              ("standard PER (given priorities) < on-policy", "per_given", "onpolicy", False),
-              ("FreshPER > PER (authors')", "freshper_1", "per_authors", True),
-              ("FreshPER > PER (given priorities)", "freshper_1", "per_given", True),
-              ("FreshPER > on-policy", "freshper_1", "onpolicy", True),
-              ("FreshPER > on-policy with 1 + K epochs (same number of updates)", "freshper_1",
-               "onpolicy_epochs", True),
-              ("IS matters (FreshPER with IS > without)", "freshper_1", "freshper_1_no_is", True)]
-    lines = ["| claim | lr | Δ final J (95% CI) | verdict (final J) | Δ mean J over the run | "
-             "verdict (mean J) |", "|---|---|---|---|---|---|"]
-    for text, a, b, positive in claims:
-        for li, lr in enumerate(lrs):
-            d, e = diff(a, b, li, final, positive), diff(a, b, li, mean_j, positive)
-            lines.append(f"| {text} | {lr} | {d['difference']:+.4f} [{d['low']:+.4f}, "
-                         f"{d['high']:+.4f}] | {d['verdict']} | {e['difference']:+.4f} "
-                         f"[{e['low']:+.4f}, {e['high']:+.4f}] | {e['verdict']} |")
-    best_factor = {lr: max(tau_methods[:-1], key=lambda n: table[n, lr]["final"]) for lr in lrs}
-    separated = {lr: any(table[best_factor[lr], lr]["final_low"] > table[n, lr]["final_high"]
-                         for n in tau_methods[:-1] if n != best_factor[lr]) for lr in lrs}
-    if not any(separated.values()):
-        tau_verdict = "untestable on this bed: the τ variants are not separated at any lr"
-    elif len(set(best_factor.values())) == 1:
-        tau_verdict = (f"reproduced: the best τ/τ_fit is {METHODS[best_factor[lrs[0]]].tau_factor} "
-                       "at every lr, so the best τ scales with the measured drift")
-    else:
-        tau_verdict = "refuted: the best τ/τ_fit differs across lrs " + json.dumps(
-            {str(lr): METHODS[n].tau_factor for lr, n in best_factor.items()})
-
     def row(n, lr):
         t = table[n, lr]
         return (f"| {n} | {lr} | {t['final']:.4f} [{t['final_low']:.4f}, {t['final_high']:.4f}] | "
@@ -335,13 +304,14 @@ def summarize(scale: Scale, drift, grid, rows, data, out_dir: Path, header: dict
         "ESS/n averaged over seeds and over the learning-phase snapshots (on-policy J < "
         f"{LEARNING_PHASE_REWARD}; `ess_vs_age.csv`, `ess_kl_vs_age.png`).",
         "",
-        "## Exact final expected reward (95% bootstrap intervals over seeds)",
+        "## Exact final expected reward (95% Student-t intervals over seeds)",
         "",
         "| method | lr | final J | mean J over the run |",
         "|---|---|---|---|",
         *[row(n, lr) for n in names for lr in lrs],
         "",
-        "Best lr per method (by final J): " + ", ".join(f"{n} {best_lr[n]}" for n in names) + ".",
+        "Best lr per method (by final J, picked on the scoring seeds: descriptive only, no claim "
+        "uses it): " + ", ".join(f"{n} {best_lr[n]}" for n in names) + ".",
         "",
         "## What the K extra updates see",
         "",
@@ -353,12 +323,10 @@ def summarize(scale: Scale, drift, grid, rows, data, out_dir: Path, header: dict
         "",
         "## Verdicts",
         "",
-        *lines,
-        "",
-        f"Best τ tracks drift: {tau_verdict}.",
-        "",
-        "A claim is *reproduced* (or *refuted*) at an lr when the 95% interval of the paired "
-        "difference excludes 0 in (against) the claimed direction, *not separated* otherwise.",
+        "Every claim of this bed is decided in [results/VERDICTS.md](../VERDICTS.md) (generated by "
+        "`python experiments/verdicts.py` from `runs.csv` and the declaration "
+        "experiments/claims/freshper_bandit.toml): one pooled Student-t test over the learning rates "
+        "on the seed-paired mean J, gated on the staleness of the buffer.",
         "",
         "## Caveats",
         "",

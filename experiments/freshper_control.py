@@ -25,11 +25,11 @@ Per task, two stages, each one vmapped program over a ``fresh_rl.sweep.product_g
    iterations; these τ follow the KL instead (our addition, same seeds).
 
 Outputs (``results/freshper_control/``): ``runs.csv``, ``final.csv``, ``ess_vs_age.csv``,
-``short_tau.csv``, ``drift_by_method.csv`` (ESS/n and KL by age of every variant's stored data),
+``short_tau.csv``, ``short_tau_runs.csv`` (one row per short-τ run), ``drift_by_method.csv`` (ESS/n and KL by age of every variant's stored data),
 ``sampled_age.csv``, ``score_vs_tau.csv``, ``verdicts.csv``, ``is_normalization.csv``,
 ``score_vs_tau.png`` (per task: ESS/n against age with the fit; learner return, mean over
-evaluations, against τ/τ_fit for the τ_fit multiples and the short τ) and
-``README.md`` with the verdicts computed from these numbers.
+evaluations, against τ/τ_fit for the τ_fit multiples and the short τ) and ``README.md``; the
+claims are decided by experiments/verdicts.py into results/VERDICTS.md.
 
     python experiments/freshper_control.py --scale ci     # the tests (CartPole, tiny)
     python experiments/freshper_control.py --scale cpu    # CartPole + Acrobot, 10 seeds
@@ -55,7 +55,7 @@ import numpy as np
 
 from fresh_rl.control import replay_train
 from fresh_rl.control.train import TrainConfig
-from fresh_rl.eval import paired_claim, seed_interval
+from fresh_rl.eval import holm_over_cells, paired_claim, seed_interval
 from fresh_rl.lag import fit_ess_time_constant
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
 from fresh_rl.replay.methods import REPLAY_METHODS, replay_hparams
@@ -218,6 +218,7 @@ def summarize(scale: Scale, results: dict, batch_normalized: dict, short_tau: di
     import matplotlib.ticker
 
     lrs, names = scale.learning_rates, [variant_name(*v) for v in variants()]
+    first_seed = next(iter(results.values()))[2].rows[0]["seed"]
     run_rows, final_rows, ess_rows, age_rows, tau_rows, verdict_rows, drift_rows = ([] for _ in range(7))
     fig, axes = plt.subplots(2, len(results), figsize=(5 * len(results), 7), squeeze=False)
     for c, (env, (config, drift, grid, rows, data, seconds)) in enumerate(results.items()):
@@ -330,12 +331,27 @@ def summarize(scale: Scale, results: dict, batch_normalized: dict, short_tau: di
     fig.tight_layout()
     fig.savefig(out_dir / "score_vs_tau.png", dpi=110)
     plt.close(fig)
+    verdict_rows = holm_over_cells(verdict_rows, family=("claim", "score"))
     for name, table in (("runs", run_rows), ("final", final_rows), ("ess_vs_age", ess_rows),
                         ("sampled_age", age_rows), ("score_vs_tau", tau_rows),
                         ("verdicts", verdict_rows), ("is_normalization", norm_rows),
-                        ("drift_by_method", drift_rows), ("short_tau", short_rows)):
+                        ("drift_by_method", drift_rows), ("short_tau", short_rows),
+                        ("short_tau_runs", short_tau_run_rows(scale, short_tau, first_seed))):
         write_csv(out_dir / f"{name}.csv", table)
     return _readme(scale, results, final_rows, verdict_rows, norm_rows, short_rows, out_dir, header)
+
+
+def short_tau_run_rows(scale: Scale, short_tau: dict, first_seed: int) -> list[dict]:
+    """One row per run of the short-τ stage (``short_tau[env] = (data, seconds)``): task, τ,
+    lr, seed and the two learner scores, the per-seed data its claims are decided on."""
+    rows = []
+    for env, (data, _) in short_tau.items():
+        final, mean = _scores(data)  # [taus, lrs, seeds]
+        rows += [{"task": env, "tau": tau, "learning_rate": lr, "seed": first_seed + s,
+                  "final_return": float(final[ti, li, s]), "mean_eval_return": float(mean[ti, li, s])}
+                 for ti, tau in enumerate(SHORT_TAUS) for li, lr in enumerate(scale.learning_rates)
+                 for s in range(final.shape[-1])]
+    return rows
 
 
 def _stage_seconds(rows, env) -> float:
@@ -372,42 +388,38 @@ def _readme(scale, results, final_rows, verdict_rows, norm_rows, short_rows, out
                        for k in ("ess", "kl"))
             text.append(f"| {env} | {lr} | {drift[lr]['tau_fit']:.1f} | "
                         f"{h / drift[lr]['tau_fit']:.2f} | {ess} | {kl} |")
-    text += ["", "## Final learner return (95% bootstrap intervals over seeds)", "",
+    text += ["", "## Final learner return (95% Student-t intervals over seeds)", "",
              "| task | variant | lr | final return | mean over evaluations |", "|---|---|---|---|---|"]
     text += [f"| {r['task']} | {r['variant']} | {r['learning_rate']} | {r['final']:.1f} "
              f"[{r['final_low']:.1f}, {r['final_high']:.1f}] | {r['mean']:.1f} "
              f"[{r['mean_low']:.1f}, {r['mean_high']:.1f}] |" for r in final_rows]
-    text += ["", "## Verdicts (paired by seed; `verdicts.csv`)", "",
-             "| task | lr | claim | Δ final (95% CI) | verdict | Δ mean (95% CI) | verdict |",
-             "|---|---|---|---|---|---|---|"]
-    for i in range(0, len(verdict_rows), 2):
-        f, m = verdict_rows[i], verdict_rows[i + 1]
-        text.append(f"| {f['task']} | {f['learning_rate']} | {f['claim']} | {f['difference']:+.1f} "
-                    f"[{f['low']:+.1f}, {f['high']:+.1f}] | {f['verdict']} | {m['difference']:+.1f} "
-                    f"[{m['low']:+.1f}, {m['high']:+.1f}] | {m['verdict']} |")
-    text += ["", "A claim is *reproduced* (*refuted*) when the 95% interval of the paired "
-             "difference excludes 0 on (against) the claimed side, *not separated* otherwise.",
+    text += ["", "## Verdicts", "",
+             "Every claim of this bed is decided in [results/VERDICTS.md](../VERDICTS.md) (generated by "
+             "`python experiments/verdicts.py` from `runs.csv`, `short_tau_runs.csv` and the declaration "
+             "experiments/claims/freshper_control.toml): one pooled Student-t test over the (task, lr) cells "
+             "whose buffer is stale enough, per-cell results Holm-corrected. `verdicts.csv` has the per-cell "
+             "paired differences (Holm-corrected per claim and score).",
              "", "## IS weights normalised per batch instead of buffer-wide (`is_normalization.csv`)",
              "", "The same seeds, so the difference is paired; claim tested: per-batch > buffer-wide.",
              "", "| task | variant | lr | final, per-batch weights | Δ final vs buffer-wide (95% CI) "
-             "| verdict | mean over evaluations, per-batch | Δ mean | verdict |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| mean over evaluations, per-batch | Δ mean |",
+             "|---|---|---|---|---|---|---|"]
     text += ["| " + " | ".join([r["task"], r["variant"], str(r["learning_rate"])] + [
         f"{r[f'{s}_batch_is']:.1f} [{r[f'{s}_batch_is_low']:.1f}, {r[f'{s}_batch_is_high']:.1f}] | "
-        f"{r[f'{s}_difference']:+.1f} [{r[f'{s}_low']:+.1f}, {r[f'{s}_high']:+.1f}] | {r[f'{s}_verdict']}"
+        f"{r[f'{s}_difference']:+.1f} [{r[f'{s}_low']:+.1f}, {r[f'{s}_high']:+.1f}]"
         for s in ("final", "mean")]) + " |" for r in norm_rows]
     text += ["", "## FreshPER at short τ (`short_tau.csv`)", "",
              "τ in iterations; KL = the pilot's per-step KL of data of age τ; age = mean age of the "
              "replayed rows; Δ paired against PER with given priorities (mean over evaluations) "
              "and against on-policy with 1 + K epochs.", "",
-             "| task | lr | τ | KL at age τ | age | mean over evaluations | Δ vs PER | verdict "
-             "| Δ vs 1 + K epochs | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| task | lr | τ | KL at age τ | age | mean over evaluations | Δ vs PER "
+             "| Δ vs 1 + K epochs |", "|---|---|---|---|---|---|---|---|"]
     text += [f"| {r['task']} | {r['learning_rate']} | {r['tau']:.0f} | {r['pilot_kl_at_age_tau']:.3f} | "
              f"{r['mean_sampled_age']:.1f} | {r['mean']:.1f} [{r['mean_low']:.1f}, {r['mean_high']:.1f}] | "
              f"{r['vs_per_mean_difference']:+.1f} [{r['vs_per_mean_low']:+.1f}, {r['vs_per_mean_high']:+.1f}] | "
-             f"{r['vs_per_mean_verdict']} | {r['vs_onpolicy_epochs_mean_difference']:+.1f} "
-             f"[{r['vs_onpolicy_epochs_mean_low']:+.1f}, {r['vs_onpolicy_epochs_mean_high']:+.1f}] | "
-             f"{r['vs_onpolicy_epochs_mean_verdict']} |" for r in short_rows]
+             f"{r['vs_onpolicy_epochs_mean_difference']:+.1f} "
+             f"[{r['vs_onpolicy_epochs_mean_low']:+.1f}, {r['vs_onpolicy_epochs_mean_high']:+.1f}] |"
+             for r in short_rows]
     (out_dir / "README.md").write_text("\n".join(text) + "\n")
     return "\n".join(text)
 

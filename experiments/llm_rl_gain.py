@@ -8,7 +8,7 @@ snapshot old logits; the first probe cells ran at window 1, every batch one vers
 final policy are scored on the same ``eval_episodes`` held-out episodes (prompts and sampling
 keys of ``fresh_rl.llm.evaluation.EVAL_SEED``, disjoint from the training keys; bf16 sampler at
 temperature 1): a paired comparison. Gain = after − before per seed; ``gain.csv`` has the seed
-mean with its 95% bootstrap interval per task, ``curves.csv`` the training success, entropy,
+mean with its 95% Student-t interval per task, ``curves.csv`` the training success, entropy,
 update KL and gradient norm per iteration,
 and ``throughput.csv`` episodes/s and generated tokens/s of the RL iteration in steady state
 (median iteration time, the first iteration's compilation and the evaluation excluded).
@@ -205,14 +205,15 @@ def rows_of(record: dict) -> int:
     return record.get("seeds_in_program", 1)
 
 
-def summarize(records: list[dict], reps: int = 2000) -> list[dict]:
+def summarize(records: list[dict]) -> list[dict]:
     """Per setting (task, learning rate, epochs, minibatches, prompts, pool, window, iterations): the
-    seed-mean held-out success before / after and the gain with its 95% bootstrap interval over seeds."""
+    seed-mean held-out success before / after and the gain with its 95% Student-t interval over
+    seeds (none with one seed)."""
     rows = []
     for setting in dict.fromkeys(tuple(r[k] for k in SETTING) for r in records):
         runs = [r for r in records if tuple(r[k] for k in SETTING) == setting]
         gain = np.array([r["gain"] for r in runs])
-        mean, low, high = (float(x) for x in seed_interval(gain, reps=reps))
+        mean, low, high = (float(x) for x in seed_interval(gain))
         seconds = np.array([r["train_seconds"] for r in runs])
         rows.append({**dict(zip(SETTING, setting)), "seeds": len(runs),
                      "before": np.mean([r["before"] for r in runs]),

@@ -13,7 +13,7 @@ Writes to --out (default results/old_logits for cpu and paper, else results/old_
   runs/<route>_W<w>[_partial]_seed<s>.csv  per-iteration metrics of one run
   checkpoints/<run>/  orbax checkpoints of the whole pipeline state every 4 iterations
                   (a killed run resumes there; --resume also skips finished runs)
-  curves.csv      mean and 95% seed-bootstrap interval per (route, W, step) of success rate,
+  curves.csv      mean and 95% Student-t interval over seeds per (route, W, step) of success rate,
                   active-token fraction and mean |log r_d|
   summary.csv     per (route, W): final success (last third of the iterations), mean
                   active-token fraction and |log r_d| once the ring is full (step ≥ W),
@@ -26,14 +26,14 @@ Writes to --out (default results/old_logits for cpu and paper, else results/old_
                   held-out prompts (with a prompt pool, ci, also on the training prompts),
                   and per (route, W) the seed mean with its 95% interval and the gain over
                   the warm start
-  verdicts.csv, claims.csv  (when the grid has recompute_current and evaluates) the paper's
-                  route claims per W and prompt set, seed-paired on the seeds every route
-                  finished (:func:`route_verdicts`), and per claim over the windows on the
-                  declared reward (:func:`declared_prompts`)
+  verdicts.csv    (when the grid has recompute_current and evaluates) the paper's route
+                  claims per W and prompt set, seed-paired on the seeds every route finished
+                  (:func:`route_verdicts`), Holm-corrected over the windows; each claim is
+                  decided over its cells by experiments/verdicts.py (results/VERDICTS.md)
   success_vs_step.png, mechanism.png, reset_ablation.png, config.json
-The ``bpe`` scale is issue 19's confirmation on the BPE warm start (results/llm_warm_start_bpe/model,
+The ``bpe`` scale is the LLM confirmation on the BPE warm start (results/llm_warm_start_bpe/model,
 random staleness L ~ U{0..W}, W ∈ {1, 4, 16}, 5 seeds × 60 iterations; ``bpe-ci`` its test
-version on the stand-in). A grid longer than a sitting runs in chunks: ``--max-runs N`` makes
+version on the stand-in). A grid too long for one run runs in chunks: ``--max-runs N`` makes
 at most N new runs and summarises every finished one (largest W first, seed by seed across
 routes: :func:`run_order`); ``--resume`` continues.
 The ``paper`` scale configures the qwen2.5-0.5b preset (pass --checkpoint, an HF folder) and
@@ -57,8 +57,8 @@ import time
 import numpy as np
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
-from fresh_rl.eval import seed_interval
-from fresh_rl.eval.route_claims import claim_summary, decide_route_claims
+from fresh_rl.eval import holm_over_cells, seed_interval
+from fresh_rl.eval.route_claims import decide_route_claims
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm.checkpoint import add_model_flag, load_hf_model
 from fresh_rl.llm.evaluation import evaluate_policies
@@ -91,7 +91,7 @@ def grid_cells(scale: Scale) -> list[tuple[str, int, bool]]:
 
 def run_order(scale: Scale) -> list[tuple[str, int, bool, int]]:
     """``(route, W, partial, seed)`` in the order the runs are made: largest window first and,
-    within a window, seed by seed across the routes, so that a grid cut short (a sitting's
+    within a window, seed by seed across the routes, so that a grid cut short (by
     ``--max-runs``) leaves every route compared at the strongest staleness with the
     same seeds. Each cell's seeds still finish in order (what ``--resume`` counts on)."""
     cells = grid_cells(scale)
@@ -158,7 +158,7 @@ def load_runs(scale: Scale, out: str) -> tuple[dict, dict]:
 
 
 def summarise(histories: dict, scale: Scale) -> tuple[list[dict], list[dict]]:
-    """``(curves, summary)`` rows with 95% seed-bootstrap intervals."""
+    """``(curves, summary)`` rows with 95% Student-t intervals over seeds."""
     curves, summary = [], []
     for (route, window, partial), runs in histories.items():
         stacked = {k: np.stack([h[k] for h in runs]) for k in runs[0]}  # [seeds, steps]
@@ -188,7 +188,7 @@ def summarise(histories: dict, scale: Scale) -> tuple[list[dict], list[dict]]:
 def evaluation_tables(scale: Scale, out: str, warm_start: list[dict]) -> tuple[list[dict], list[dict]]:
     """``(rows, summary)``: the warm start's and every saved run's success on the evaluation
     episodes (``runs/<run>.eval.json``), and per (route, W, partial, prompts) the seed mean
-    with its 95% bootstrap interval and the mean gain over the warm start."""
+    with its 95% Student-t interval and the mean gain over the warm start."""
     rows, summary = list(warm_start), []
     before = {r["prompts"]: r["success"] for r in warm_start}
     for route, window, partial in grid_cells(scale):
@@ -222,8 +222,9 @@ def route_verdicts(scale: Scale, histories: dict, eval_rows: list[dict]) -> list
     learner's final success on those prompts as the reward ("return") and the run's mean
     active-token fraction once the ring is full (step ≥ W) as "active". With a prompt pool
     the declared reward is the training prompts' success (:func:`declared_prompts`) and the
-    held-out rows repeat the comparison on unseen prompts. No rows at a window without
-    recompute_current, which gates every claim."""
+    held-out rows repeat the comparison on unseen prompts; each prompt set's cells are
+    Holm-corrected per claim (:func:`fresh_rl.eval.holm_over_cells`). No rows at a
+    window without recompute_current, which gates every claim."""
     if "recompute_current" not in scale.grid_routes:
         return []
     prompt_sets = tuple(dict.fromkeys((declared_prompts(scale), "held_out")))
@@ -254,7 +255,7 @@ def route_verdicts(scale: Scale, histories: dict, eval_rows: list[dict]) -> list
             rows += [{"window": window, "prompts": prompts, "seeds": seeds,
                       "recompute_current_masked_fraction": masked, **row}
                      for row in decide_route_claims(metric_of, masked)]
-    return rows
+    return [r for p in prompt_sets for r in holm_over_cells([r for r in rows if r["prompts"] == p])]
 
 
 def time_routes_interleaved(scale: Scale, params, model_config, rounds: int) -> dict:
@@ -371,7 +372,7 @@ def main(argv=None):
                         help="skip the runs whose CSV exists in --out/runs and summarise all")
     parser.add_argument("--max-runs", type=int, default=None, metavar="N",
                         help="make at most N new runs, then summarise every finished run "
-                             "(a grid in sittings: continue with --resume; with --resume, "
+                             "(a grid in chunks: continue with --resume; with --resume, "
                              "0 only rewrites the tables)")
     add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
@@ -450,9 +451,6 @@ def main(argv=None):
         verdicts = route_verdicts(scale, histories, rows)
         if verdicts:
             write_csv(os.path.join(out, "verdicts.csv"), verdicts)
-            write_csv(os.path.join(out, "claims.csv"), claim_summary(
-                [r for r in verdicts if r["prompts"] == declared_prompts(scale)],
-                lambda r: f"W={r['window']}"))
     plot(curves, scale, out)
     info = provenance(command=" ".join(["python experiments/old_logits.py"]
                                        + list(argv if argv is not None else sys.argv[1:])),

@@ -20,12 +20,13 @@ W of the scale's ``cost_windows``, from one program per W whose route is an unba
 
 Outputs (``results/old_logits_control/``): ``runs.csv`` (one row per run), ``summary.csv`` (per
 task, W, route, threshold, lr: scores with 95% intervals, ρ_active, |log r̂_d|, staleness, clip
-fraction, resets), ``active_fraction.csv`` (ρ_active per iteration), ``reset.csv``,
+fraction, resets; 95% Student-t intervals over seeds), ``active_fraction.csv`` (ρ_active per iteration), ``reset.csv``,
 ``reset_over_time.csv`` and ``reset.png`` (EWMA ρ_active and cumulative resets per iteration at
 every threshold), ``costs.csv`` (parameter copies, forwards per iteration, compile and run
-seconds), ``verdicts.csv`` (per cell), ``claims.csv`` (per claim over cells), ``mechanism.png``
+seconds), ``verdicts.csv`` (per cell, Holm-corrected per claim over the cells; each claim is
+decided over its cells by experiments/verdicts.py into results/VERDICTS.md), ``mechanism.png``
 (ρ_active, the route's |log r̂_d| and the learner return against W, per route) and ``README.md``
-with the verdicts computed from these numbers.
+with the measurements.
 
     python experiments/old_logits_control.py --scale ci     # the tests
     python experiments/old_logits_control.py --scale quick  # the quickstart: W = 1 and 16, ~1.5 min
@@ -49,9 +50,8 @@ import numpy as np
 from fresh_rl.control import old_logits_train as olt
 from fresh_rl.control.train import TrainConfig
 from fresh_rl.corrections import ewma_beta_from_staleness
-from fresh_rl.eval import seed_interval
-from fresh_rl.eval.route_claims import (MIN_MASKED_FRACTION, ROUTE_CLAIMS, claim_summary,
-                                        decide_route_claims)
+from fresh_rl.eval import holm_over_cells, seed_interval
+from fresh_rl.eval.route_claims import MIN_MASKED_FRACTION, ROUTE_CLAIMS, decide_route_claims
 from fresh_rl.lag import DelayConfig
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
 from fresh_rl.sweep import RunCheckpointer, output_lock, run_sharded
@@ -266,15 +266,14 @@ def summarize(scale: Scale, results: dict, costs: list[dict], out_dir: Path, hea
                                        "active_fraction_min": float(d["loss/active_token_fraction"].mean(0).min()),
                                        "final": summary_rows[-1]["final"], "mean": summary_rows[-1]["mean"]})
     verdict_rows = _verdicts(scale, results)
-    claim_rows = claim_summary(verdict_rows, _cell_label)
     reset_curve_rows = reset_curves(scale, results)
     for name, rows in (("runs", run_rows), ("summary", summary_rows), ("active_fraction", curve_rows),
                        ("reset", reset_rows), ("reset_over_time", reset_curve_rows), ("costs", costs),
-                       ("verdicts", verdict_rows), ("claims", claim_rows)):
+                       ("verdicts", verdict_rows)):
         write_csv(out_dir / f"{name}.csv", rows)
     _figure(scale, summary_rows, out_dir)
     _reset_figure(scale, reset_curve_rows, out_dir)
-    return _readme(scale, summary_rows, reset_rows, costs, verdict_rows, claim_rows, out_dir, header)
+    return _readme(scale, summary_rows, reset_rows, costs, out_dir, header)
 
 
 def _pick(data: dict, scale: Scale, route: str, lr_index: int, threshold=MAIN_THRESHOLD) -> np.ndarray:
@@ -311,11 +310,7 @@ def _verdicts(scale: Scale, results: dict) -> list[dict]:
                 base = {"task": env, "window": window, "learning_rate": lr,
                         "recompute_current_masked_fraction": collapse}
                 rows += [{**base, **row} for row in decide_route_claims(metric_of, collapse, CLAIMS)]
-    return rows
-
-
-def _cell_label(row: dict) -> str:
-    return f"{row['task'].split('-')[0]} W={row['window']} lr={row['learning_rate']}"
+    return holm_over_cells(rows)
 
 
 def reset_curves(scale: Scale, results: dict) -> list[dict]:
@@ -400,17 +395,11 @@ def _figure(scale: Scale, summary_rows: list[dict], out_dir: Path) -> None:
     plt.close(fig)
 
 
-def _signed(x: float, metric: str) -> str:
-    """A difference of returns to 0.1, of fractions (ρ_active, recovered fraction) to 0.001."""
-    return f"{x:+.1f}" if metric == "return" else f"{x:+.3f}"
-
-
 def _fmt(r: dict, key: str) -> str:
     return f"{r[key]:.1f} [{r[key + '_low']:.1f}, {r[key + '_high']:.1f}]"
 
 
-def _readme(scale, summary_rows, reset_rows, costs, verdict_rows, claim_rows, out_dir: Path,
-            header: dict) -> str:
+def _readme(scale, summary_rows, reset_rows, costs, out_dir: Path, header: dict) -> str:
     seconds = sum(float(p.read_text()) for p in (out_dir / "runs").glob("*.seconds"))
     text = ["# Old-logit routes in control: learner reward under random staleness", "",
             provenance_line(header), "",
@@ -421,16 +410,13 @@ def _readme(scale, summary_rows, reset_rows, costs, verdict_rows, claim_rows, ou
             f"{list(scale.learning_rates)} for every route; engine mean |log r_d| 0.02; MIS token mask "
             "exp(±0.1); PPO clip 0.2 on r_s; EWMA β = W/(W + 2), reset threshold "
             f"{MAIN_THRESHOLD} in the route comparison. Scores: learner evaluation (deterministic), "
-            "mean over the run's evaluations and the last one, 95% bootstrap intervals over seeds.", "",
-            "## Verdicts per claim (`claims.csv`; the cells are below)", "",
-            f"Each claim is decided per (task, W, lr) cell from seed-paired 95% intervals; a cell where "
-            f"recompute_current masks under {MIN_MASKED_FRACTION:.0%} of the samples cannot test a route "
-            "claim (nothing has collapsed there). Overall: *reproduced* / *refuted* when decided cells "
-            "agree, *mixed* when they disagree. No correction for multiple comparisons.", "",
-            "| claim | metric | cells | reproduced | refuted | not separated | untestable | overall |",
-            "|---|---|---|---|---|---|---|---|",
-            *[f"| {r['claim']} | {r['metric']} | {r['cells']} | {r['reproduced']} | {r['refuted']} | "
-              f"{r['not separated']} | {r['untestable']} | **{r['overall']}** |" for r in claim_rows], "",
+            "mean over the run's evaluations and the last one, 95% Student-t intervals over seeds.", "",
+            "## Verdicts", "",
+            "Every claim of this study is decided in [results/VERDICTS.md](../VERDICTS.md) (generated by "
+            "`python experiments/verdicts.py` from `runs.csv` and the declaration "
+            "experiments/claims/old_logits_control.toml): one pooled Student-t test over the cells where "
+            f"recompute_current masks ≥ {MIN_MASKED_FRACTION:.0%} of the samples, per-cell results "
+            "Holm-corrected. `verdicts.csv` has the per-cell paired differences.", "",
             "## Routes by W (first learning rate; `summary.csv` has all)", "",
             "| task | W | route | ρ_active | mean abs log r̂_d | mean abs log π_k/π_v | clip fraction | "
             "return, mean over evals | final return |", "|---|---|---|---|---|---|---|---|---|"]
@@ -439,17 +425,6 @@ def _readme(scale, summary_rows, reset_rows, costs, verdict_rows, claim_rows, ou
              f"{r['log_rd_abs_route']:.3f} | {r['staleness_log_ratio_abs']:.3f} | {r['clip_fraction']:.3f} | "
              f"{_fmt(r, 'mean')} | {_fmt(r, 'final')} |"
              for r in summary_rows if r["learning_rate"] == lr0 and r["threshold"] == MAIN_THRESHOLD]
-    text += ["", "## Verdicts (`verdicts.csv`; paired by seed)", "",
-             "Metric `return`: the learner's mean return over the run's evaluations; `active`: the run's "
-             "mean ρ_active; `recovered fraction`: (EWMA − recompute_current)/(snapshot − recompute_current) "
-             "of the returns, bootstrap over seeds.", "",
-             "| task | W | lr | masked by recompute_current | claim | metric | Δ (a − b) or fraction [95%] | verdict |",
-             "|---|---|---|---|---|---|---|---|"]
-    text += [f"| {r['task']} | {r['window']} | {r['learning_rate']} | "
-             f"{r['recompute_current_masked_fraction']:.3f} | {r['claim']} | {r['metric']} | "
-             f"{_signed(r['difference'], r['metric'])} [{_signed(r['low'], r['metric'])}, "
-             f"{_signed(r['high'], r['metric'])}] | {r['verdict']} |"
-             for r in verdict_rows]
     text += ["", "## Auto-reset thresholds (`reset.csv`; over time: `reset_over_time.csv`, `reset.png`)", "",
              "The EWMA reference at every reset threshold and without reset (`none`), with the route "
              "comparison's β rule `mean_age` (β = W/(W + 2), centred on the mean lag W/2)"

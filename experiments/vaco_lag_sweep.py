@@ -17,15 +17,18 @@ everything); saved runs of an older key schedule, config or mixture are recomput
 
 Outputs (``results/vaco/``): ``runs.csv`` (one row per run: final score, initial score, training
 return, evaluation AUC, lag metrics), ``curves.csv`` (seed-mean return per iteration with 95%
-bootstrap bands), ``curves_<task>.png``, ``aggregates.{csv,png}`` (rliable median / IQM / mean /
-optimality gap with 95% stratified-bootstrap intervals per method and lag),
+Student-t bands), ``curves_<task>.png``, ``per_task.csv`` (seed-mean normalised score per task,
+variant, swept value and lag, 95% Student-t interval); over at least ``MIN_AGGREGATE_TASKS``
+learning tasks also ``aggregates.{csv,png}`` (rliable median / IQM / mean / optimality gap with
+95% stratified-bootstrap intervals per method and lag),
 ``probability_of_improvement.csv`` (P(VACO variant > baseline) per lag, with intervals),
 ``score_vs_tv.{csv,png}`` (seed-mean normalised score against the measured backward TV per
 method, task and lag), ``lag_metrics.csv`` (measured version gap, backward and forward TV, ESS,
 filter on-fraction and masked / clipped fractions per task, method and lag),
 ``equal_tuning.csv`` (aggregates with every variant at its best swept value at lag 0, VACO's δ
 as PPO-KL's β, on the δ-sweep tasks), ``delta_sweep.{csv,png}`` (per VACO variant),
-``ablation.csv``, and ``summary.md`` with the verdicts computed from those numbers.
+``ablation.csv`` (those three also only over ≥ ``MIN_AGGREGATE_TASKS`` tasks), and ``summary.md``.
+The claims are decided by experiments/verdicts.py (results/VERDICTS.md).
 ``--tasks`` restricts a scale to some of its tasks (same configs, so their saved runs load).
 
     python experiments/vaco_lag_sweep.py --scale ci     # ~2 min, CartPole, run by the tests
@@ -39,9 +42,10 @@ as PPO-KL's β, on the δ-sweep tasks), ``delta_sweep.{csv,png}`` (per VACO vari
 last 10% of its evaluations when the scale evaluates the learner (``eval_every`` > 0: ``cpu``,
 ``gpu10``, ``paper``), else the mean episode return of the actors over the last 10% of
 iterations (``ci``, ``quick``); normalised per task as ``(R − R_init)/(R_best − R_init)`` with
-R_init the mean return of the first completed episodes over all the task's runs (the untrained
-policy) and R_best the best final score of any run on the task (our choice: the paper's
-normalisation is unknown). A run whose parameters diverged (NaN returns) scores R_init, i.e.
+R_init in the final score's mode: the mean first learner evaluation over all the task's runs
+(no evaluation of the untrained learner is saved), else the mean return of the actors' first
+completed episodes (the untrained policy); R_best the best final score of any run on the task
+(our choice: the paper's normalisation is unknown). A run whose parameters diverged (NaN returns) scores R_init, i.e.
 0, and is counted in the summary.
 """
 from __future__ import annotations
@@ -60,10 +64,14 @@ from fresh_rl.control.presets import (ABLATIONS, KEY_SCHEDULE, SWEPT_BASELINES, 
                                       headline_index, VACO_VARIANTS, lag_name, run_study_variant, saved_run_matches, study_variants,
                                       variant_config)
 from fresh_rl.eval import (AGGREGATE_METRICS, aggregate_intervals, eval_area_under_curve, eval_final_score,
-                           eval_initial_score, final_score, improvement_intervals, initial_score, seed_interval)
+                           eval_first_score, eval_initial_score, final_score, improvement_intervals, initial_score,
+                           seed_interval)
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance
 
 RESULTS = REPOSITORY_ROOT / "results" / "vaco"
+MIN_AGGREGATE_TASKS = 3
+"""rliable aggregates (median, IQM, optimality gap, P(X > Y)) only over at least this many tasks:
+over one or two they say nothing the per-task intervals do not (``per_task.csv``)."""
 
 def run_all(scale: Scale, out_dir: Path, seed: int, fresh: bool, log=print) -> dict:
     """Run (or load) every (task, variant); returns {(task, variant): saved dict}."""
@@ -116,10 +124,10 @@ def run_final_score(d) -> np.ndarray:
     return final_score(d["episode_return"])
 
 
-def learning_check(scale: Scale, results: dict, reps: int) -> dict:
+def learning_check(scale: Scale, results: dict) -> dict:
     """Whether each task shows learning within its budget (a test bed that cannot learn cannot
     rank methods): the main variant with the best seed-mean final score at the first lag, and
-    the 95% seed interval of its per-seed gain, final − initial (learner evaluations: the last
+    the 95% Student-t interval over seeds of its per-seed gain, final − initial (learner evaluations: the last
     vs the first 10% of them; else the actors' training return). A task *learns* when that
     interval is above 0; only such tasks enter the aggregates (our rule).
     Returns {task: {"variant", "initial", "final", "gain", "low", "high", "learns"}}."""
@@ -141,21 +149,26 @@ def learning_check(scale: Scale, results: dict, reps: int) -> dict:
         if best is None:
             continue
         variant, final, initial = best
-        gain, low, high = (float(x) for x in seed_interval(final - initial, reps=reps))
+        gain, low, high = (float(x) for x in seed_interval(final - initial))
         check[task.name] = {"variant": variant, "initial": float(initial.mean()), "final": float(final.mean()),
                             "gain": gain, "low": low, "high": high, "learns": low > 0}
     return check
 
 
 def score_tables(scale: Scale, results: dict):
-    """Normalised final scores: {(variant, lag, delta): [seeds, tasks_with_variant]} and bounds;
+    """Normalised final scores: {(variant, lag, delta): {task: [seeds]}} and bounds per task
+    ``(R_init, R_best)``, both in the final score's mode: with learner evaluations R_init is the
+    mean first evaluation (:func:`fresh_rl.eval.eval_first_score`) of all the task's runs, else
+    the actors' first completed episodes (``initial_score``); R_best the best final score;
     delta ``"headline"`` holds the value each variant is reported with (``_delta_index``),
     ``"tuned"`` the value with the best seed mean at the first lag (``best_at_first_lag``: the
     rule ``ppo_kl_fixed``'s β gets, applied to every variant's swept axis)."""
     bounds = {}
     for task in scale.tasks:
         datas = [d for (t, _), d in results.items() if t == task.name]
-        init = np.nanmean([np.nanmean(initial_score(d["episode_return"], d["episodes_completed"])) for d in datas])
+        init = np.nanmean([np.nanmean(eval_first_score(d["eval__return_deterministic"], d["eval__valid"] > 0)
+                                      if "eval__return_deterministic" in d else
+                                      initial_score(d["episode_return"], d["episodes_completed"])) for d in datas])
         best = max(np.nanmax(run_final_score(d)) for d in datas)
         bounds[task.name] = (float(init), float(best))
     scores = {}
@@ -207,7 +220,7 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
     all_tasks = [t.name for t in scale.tasks]
     lags = scale.study_lags
     scores, bounds = score_tables(scale, results)
-    learning = learning_check(scale, results, reps)
+    learning = learning_check(scale, results)
     with open(out_dir / "learning_check.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["task", "best_variant_at_first_lag", "initial", "final", "gain", "gain_ci_low", "gain_ci_high",
@@ -216,9 +229,15 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
             w.writerow([t, c["variant"], f"{c['initial']:.3f}", f"{c['final']:.3f}", f"{c['gain']:.3f}",
                         f"{c['low']:.3f}", f"{c['high']:.3f}", c["learns"]])
     # aggregates, improvement probabilities, δ sweep and ablations over the tasks that learn
-    # (all tasks, flagged in the summary, when none does)
+    # (all tasks, flagged in the summary, when none does), and only over MIN_AGGREGATE_TASKS or more
     tasks = [t for t in all_tasks if learning.get(t, {}).get("learns")] or all_tasks
     ablation_tasks = [t.name for t in scale.tasks if t.ablations and t.name in tasks]
+    ablation_aggregates = len(ablation_tasks) >= MIN_AGGREGATE_TASKS
+    per_task = per_task_rows(scores, all_tasks)
+    with open(out_dir / "per_task.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(per_task[0]))
+        w.writeheader()
+        w.writerows(per_task)
 
     # runs.csv
     with open(out_dir / "runs.csv", "w", newline="") as f:
@@ -292,7 +311,7 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
                 di = _delta_index(variant, d)
                 steps = (np.arange(d["episode_return"].shape[-1]) + 1) * int(d["batch_size"])
                 for li, lag in enumerate(d["lags"].tolist()):
-                    mean, low, high = seed_interval(d["episode_return"][li, di], axis=0, reps=reps)
+                    mean, low, high = seed_interval(d["episode_return"][li, di], axis=0)
                     for i in range(len(mean)):
                         w.writerow([task_name, variant, lag, i, int(steps[i]), f"{mean[i]:.3f}",
                                     f"{low[i]:.3f}", f"{high[i]:.3f}"])
@@ -309,42 +328,44 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
             plt.close(fig)
 
     # rliable aggregates and P(VACO variant > baseline) of the main methods, per lag
-    agg, improvement = _lag_comparison(scale, scores, "headline", tasks, reps)
-    agg_rows = _aggregate_rows(agg)
-    with open(out_dir / "aggregates.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["lag", "method", "metric", "point", "ci_low", "ci_high"])
-        w.writerows(agg_rows)
+    agg, improvement = {}, {}
+    if len(tasks) >= MIN_AGGREGATE_TASKS:
+        agg, improvement = _lag_comparison(scale, scores, "headline", tasks, reps)
+        agg_rows = _aggregate_rows(agg)
+        with open(out_dir / "aggregates.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["lag", "method", "metric", "point", "ci_low", "ci_high"])
+            w.writerows(agg_rows)
 
-    with open(out_dir / "probability_of_improvement.csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["lag", "vaco_variant", "baseline", "probability", "ci_low", "ci_high"])
-        for lag, table in improvement.items():
-            for (vaco, base), (p, lo, hi) in table.items():
-                w.writerow([lag_name(lag), vaco, base, f"{p:.4f}", f"{lo:.4f}", f"{hi:.4f}"])
-    fig, axes = plt.subplots(len(lags), 4, figsize=(13, 1.2 + 0.45 * len(scale.methods) * len(lags)),
-                             squeeze=False)
-    for li, lag in enumerate(scale.study_lags):
-        for mi, metric in enumerate(AGGREGATE_METRICS):
-            ax = axes[li, mi]
-            for yi, variant in enumerate(scale.methods):
-                if variant not in agg[lag]:
-                    continue
-                p, lo, hi = agg[lag][variant][metric]
-                ax.plot([lo, hi], [yi, yi], lw=6, alpha=0.5, color=f"C{yi}")
-                ax.plot([p], [yi], "k|", ms=12)
-            ax.set_yticks(range(len(scale.methods)))
-            ax.set_yticklabels(scale.methods if mi == 0 else [])
-            ax.set_title(f"{metric} (lag {lag_name(lag)})", fontsize=9)
-    fig.suptitle("normalised final score, 95% stratified-bootstrap CIs over seeds")
-    fig.tight_layout()
-    fig.savefig(out_dir / "aggregates.png", dpi=110)
-    plt.close(fig)
+        with open(out_dir / "probability_of_improvement.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["lag", "vaco_variant", "baseline", "probability", "ci_low", "ci_high"])
+            for lag, table in improvement.items():
+                for (vaco, base), (p, lo, hi) in table.items():
+                    w.writerow([lag_name(lag), vaco, base, f"{p:.4f}", f"{lo:.4f}", f"{hi:.4f}"])
+        fig, axes = plt.subplots(len(lags), 4, figsize=(13, 1.2 + 0.45 * len(scale.methods) * len(lags)),
+                                 squeeze=False)
+        for li, lag in enumerate(scale.study_lags):
+            for mi, metric in enumerate(AGGREGATE_METRICS):
+                ax = axes[li, mi]
+                for yi, variant in enumerate(scale.methods):
+                    if variant not in agg[lag]:
+                        continue
+                    p, lo, hi = agg[lag][variant][metric]
+                    ax.plot([lo, hi], [yi, yi], lw=6, alpha=0.5, color=f"C{yi}")
+                    ax.plot([p], [yi], "k|", ms=12)
+                ax.set_yticks(range(len(scale.methods)))
+                ax.set_yticklabels(scale.methods if mi == 0 else [])
+                ax.set_title(f"{metric} (lag {lag_name(lag)})", fontsize=9)
+        fig.suptitle("normalised final score, 95% stratified-bootstrap CIs over seeds")
+        fig.tight_layout()
+        fig.savefig(out_dir / "aggregates.png", dpi=110)
+        plt.close(fig)
 
     # δ sweep and ablation (tasks with ablations)
     delta_rows, ablation_rows = [], []
     delta_agg, ablation_agg = {}, {}
-    if ablation_tasks and len(scale.deltas) > 1:
+    if ablation_aggregates and len(scale.deltas) > 1:
         vaco_variants = [v for v in VACO_VARIANTS if v in scale.methods]
         for variant in vaco_variants:
             for lag in scale.study_lags:
@@ -380,7 +401,7 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
         fig.tight_layout()
         fig.savefig(out_dir / "delta_sweep.png", dpi=110)
         plt.close(fig)
-    if ablation_tasks and scale.ablations:
+    if ablation_aggregates and scale.ablations:
         for lag in scale.study_lags:
             sd = {}
             for variant in ("vaco",) + tuple(scale.ablations) + tuple(m for m in scale.methods if m != "vaco"):
@@ -423,9 +444,11 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
         w.writerows(lag_rows)
 
     # equal tuning: on the tasks with the δ sweep every variant is read at its best swept value
-    # at the first lag (VACO's δ, as ppo_kl_fixed's β), then run under lag
+    # at the first lag (VACO's δ, as ppo_kl_fixed's β), then run under lag; the pick is made on
+    # the seeds it is scored on (biased towards the tuned arm: experiments/verdicts.py picks on
+    # half the seeds and scores on the other half)
     tuned_agg, tuned_improvement = {}, {}
-    if ablation_tasks and len(scale.deltas) > 1:
+    if ablation_aggregates and len(scale.deltas) > 1:
         tuned_agg, tuned_improvement = _lag_comparison(scale, scores, "tuned", ablation_tasks, reps)
         tuned_rows = _aggregate_rows(tuned_agg)
         with open(out_dir / "equal_tuning.csv", "w", newline="") as f:
@@ -439,9 +462,26 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
 
     summary = summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, improvement, header,
                         lag_rows=lag_rows, equal_tuning=(ablation_tasks, tuned_agg, tuned_improvement),
-                        learning=(learning, tasks))
+                        learning=(learning, tasks), per_task=per_task)
     (out_dir / "summary.md").write_text(summary)
     return summary
+
+
+def per_task_rows(scores: dict, tasks) -> list[dict]:
+    """Per (variant, swept value or ``"headline"``, lag, task): the seed mean of the normalised
+    score with its 95% Student-t interval. The ``"tuned"`` reading is left out: its value was
+    picked on the seeds it would be scored on."""
+    rows = []
+    for (variant, lag, value), per in scores.items():
+        if value == "tuned":
+            continue
+        for task in tasks:
+            if task in per:
+                mean, low, high = (float(x) for x in seed_interval(per[task]))
+                rows.append({"task": task, "variant": variant, "value": value, "lag": lag_name(lag),
+                             "seeds": len(per[task]), "mean": f"{mean:.4f}", "ci_low": f"{low:.4f}",
+                             "ci_high": f"{high:.4f}"})
+    return rows
 
 
 def _fmt(t):
@@ -449,11 +489,13 @@ def _fmt(t):
 
 
 def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, improvement, header,
-              lag_rows=(), equal_tuning=((), {}, {}), learning=({}, ())) -> str:
+              lag_rows=(), equal_tuning=((), {}, {}), learning=({}, ()), per_task=()) -> str:
     lines = ["# VACO lag sweep — summary", "",
              "```", json.dumps(header, indent=1), "```", "",
-             "Normalised final score (0 = untrained policy, 1 = best run on the task); point and 95% "
-             "stratified-bootstrap CI over seeds.", ""]
+             "Normalised final score (0 = R_init, the first learner evaluation, 1 = the best run on the "
+             f"task). rliable aggregates (stratified-bootstrap CIs over seeds) only over ≥ {MIN_AGGREGATE_TASKS} "
+             "tasks; otherwise per-task seed means with 95% Student-t intervals. The claims are decided "
+             "in results/VERDICTS.md (experiments/verdicts.py).", ""]
     lines += ["## Per-task final return (seed mean ± half-width of 95% CI)", "",
               "| task | variant | " + " | ".join(f"lag {lag_name(lag)}" for lag in scale.study_lags) + " |",
               "|---|---|" + "---|" * len(scale.study_lags)]
@@ -462,7 +504,7 @@ def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, impr
         cells = []
         for li in range(fin.shape[0]):
             ok = np.isfinite(fin[li])
-            m, lo, hi = seed_interval(fin[li][ok], reps=1000) if ok.any() else (np.nan,) * 3
+            m, lo, hi = seed_interval(fin[li][ok]) if ok.any() else (np.nan,) * 3
             diverged = f" ({int((~ok).sum())} diverged)" if not ok.all() else ""
             cells.append(f"{float(m):.1f} ± {float(hi - lo) / 2:.1f}{diverged}")
         lines.append(f"| {task_name} | {variant} | " + " | ".join(cells) + " |")
@@ -480,21 +522,34 @@ def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, impr
         lines.append(f"| {t} | {c['variant']} | {c['initial']:.1f} | {c['final']:.1f} | "
                      f"{c['gain']:+.1f} [{c['low']:+.1f}, {c['high']:+.1f}] | {'yes' if c['learns'] else 'no'} |")
     if checks and not any(c["learns"] for c in checks.values()):
-        lines += ["", "**No task learns: the aggregates below are over all tasks and uninformative.**"]
-    lines += ["", f"## Aggregates over {', '.join(agg_tasks) or 'all tasks'} (main methods)", "",
-              "| lag | method | " + " | ".join(AGGREGATE_METRICS) + " |", "|---|---|" + "---|" * 4]
-    for lag in scale.study_lags:
-        for variant, mets in agg[lag].items():
-            lines.append(f"| {lag_name(lag)} | {variant} | " + " | ".join(_fmt(mets[m]) for m in AGGREGATE_METRICS)
-                         + " |")
-
-    lines += ["", "## Probability of improvement (VACO variant over each baseline)", "",
-              "P(X > Y): the chance a run of X beats a run of Y on a task drawn at random (ties count ½), "
-              "with its 95% stratified-bootstrap CI; a CI entirely above 0.5 says X is better.", "",
-              "| lag | pair | P(X > Y) |", "|---|---|---|"]
-    for lag, table in improvement.items():
-        for (vaco, base), interval in table.items():
-            lines.append(f"| {lag_name(lag)} | {vaco} > {base} | {_fmt(interval)} |")
+        lines += ["", "**No task shows learning: the tables below are over all tasks and uninformative.**"]
+    if agg:
+        lines += ["", f"## Aggregates over {', '.join(agg_tasks) or 'all tasks'} (main methods)", "",
+                  "| lag | method | " + " | ".join(AGGREGATE_METRICS) + " |", "|---|---|" + "---|" * 4]
+        for lag in scale.study_lags:
+            for variant, mets in agg[lag].items():
+                lines.append(f"| {lag_name(lag)} | {variant} | "
+                             + " | ".join(_fmt(mets[m]) for m in AGGREGATE_METRICS) + " |")
+        lines += ["", "## Probability of improvement (VACO variant over each baseline)", "",
+                  "P(X > Y): the chance a run of X beats a run of Y on a task drawn at random (ties count ½), "
+                  "with its 95% stratified-bootstrap CI; a CI entirely above 0.5 says X is better.", "",
+                  "| lag | pair | P(X > Y) |", "|---|---|---|"]
+        for lag, table in improvement.items():
+            for (vaco, base), interval in table.items():
+                lines.append(f"| {lag_name(lag)} | {vaco} > {base} | {_fmt(interval)} |")
+    else:
+        headline = {(r["task"], r["variant"], r["lag"]): r for r in per_task if r["value"] == "headline"}
+        lines += ["", f"## Per-task normalised scores ({len(agg_tasks)} learning task(s): fewer than "
+                  f"{MIN_AGGREGATE_TASKS}, so no aggregates; `per_task.csv` has every swept value)", "",
+                  "Seed mean and 95% Student-t interval, main methods at their reported value.", "",
+                  "| task | method | " + " | ".join(f"lag {lag_name(lag)}" for lag in scale.study_lags) + " |",
+                  "|---|---|" + "---|" * len(scale.study_lags)]
+        for task in agg_tasks:
+            for variant in scale.methods:
+                cells = [headline.get((task, variant, lag_name(lag))) for lag in scale.study_lags]
+                if any(cells):
+                    lines.append(f"| {task} | {variant} | " + " | ".join(
+                        f"{c['mean']} [{c['ci_low']}, {c['ci_high']}]" if c else "–" for c in cells) + " |")
 
     lines += ["", "## Measured lag metrics (main variants at their reported value)", "",
               "Run means over iterations, seed means; forward TV is the median over iterations "
@@ -519,32 +574,10 @@ def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, impr
                                 for (v, b) in tuned_improvement[lag] if b == variant)
                 lines.append(f"| {lag_name(lag)} | {variant} | {_fmt(mets['iqm'])} | {poi or '–'} |")
 
-    # verdicts
-    lines += ["", "## Verdicts (computed)", ""]
-    for vaco in [v for v in VACO_VARIANTS if v in agg[scale.lags[0]]]:
-        for lag in scale.study_lags:
-            v = agg[lag][vaco]["iqm"]
-            others = {k: m["iqm"] for k, m in agg[lag].items() if k not in VACO_VARIANTS}
-            if not others:
-                continue
-            best_name = max(others, key=lambda k: others[k][0])
-            b = others[best_name]
-            if v[1] > b[2]:
-                word = f"{vaco} best (CIs separate)"
-            elif v[2] < b[1]:
-                word = f"{vaco} worse than {best_name} (CIs separate)"
-            elif v[0] >= b[0]:
-                word = f"{vaco} highest point estimate, CIs overlap"
-            else:
-                word = f"{best_name} higher point estimate, CIs overlap"
-            lines.append(f"- lag {lag_name(lag)}: IQM {vaco} {_fmt(v)} vs best baseline {best_name} {_fmt(b)} "
-                         f"→ {word}.")
-        lo_lag, hi_lag = scale.lags[0], max(scale.lags)
-        drops = {k: agg[lo_lag][k]["iqm"][0] - agg[hi_lag][k]["iqm"][0] for k in agg[lo_lag] if k in agg[hi_lag]}
-        order = sorted(drops, key=drops.get)
-        lines.append(f"- IQM drop from lag {lo_lag} to lag {hi_lag} (smaller = more robust): "
-                     + ", ".join(f"{k} {drops[k]:+.3f}" for k in order)
-                     + f" → {vaco} ranks {order.index(vaco) + 1} of {len(order)}.")
+    lines += ["", "## Verdicts", "", "Decided in results/VERDICTS.md by experiments/verdicts.py from the "
+              "declared claims (experiments/claims/vaco.toml) and these runs."]
+    if delta_agg or ablation_agg:
+        lines += ["", "## δ sweep and ablations (IQM)", ""]
     for (variant, lag), sd in delta_agg.items():
         vals = {k: v["iqm"][0] for k, v in sd.items()}
         lines.append(f"- {variant} δ sweep at lag {lag_name(lag)}: IQM " + ", ".join(f"δ={k}: {v:.3f}" for k, v in vals.items())
@@ -560,7 +593,8 @@ def main(argv=None):
     parser.add_argument("--scale", choices=tuple(VACO_SCALES), default="ci")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--bootstrap-reps", type=int, default=2000)
+    parser.add_argument("--bootstrap-reps", type=int, default=2000,
+                        help="resamples of rliable's stratified bootstrap (aggregates over ≥ 3 tasks)")
     parser.add_argument("--fresh", action="store_true", help="ignore saved runs and recompute all")
     parser.add_argument("--tasks", default=None,
                         help="comma-separated subset of the scale's tasks to run and tabulate (default: all)")

@@ -1,8 +1,10 @@
 """Where a result came from: commit, machine, command and wall time, and the one CSV writer.
 
 Every experiment and benchmark stamps its outputs through these helpers, so a results/
-README always names the exact command, the commit (with a ``+dirty`` mark when the working
-tree had uncommitted edits), the machine and the wall time.
+README always names the exact command, the commit, the machine and the wall time. A commit
+with uncommitted code edits (``+dirty``) names no code anyone can check out, so
+:func:`provenance` refuses to stamp one unless asked: ``allow_dirty=True``, or the environment
+variable ``FRESH_RL_ALLOW_DIRTY=1`` (how tests and exploratory runs opt in).
 """
 from __future__ import annotations
 
@@ -40,6 +42,38 @@ def git_commit(short: bool = True) -> str:
         return "unknown"
     dirty = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results")
     return head + ("+dirty" if dirty else "")
+
+
+ALLOW_DIRTY_ENV = "FRESH_RL_ALLOW_DIRTY"
+"""Set to ``1`` to let :func:`provenance` stamp a ``+dirty`` commit (tests, exploratory runs)."""
+
+
+class DirtyCheckoutError(RuntimeError):
+    """A result would be stamped with a ``+dirty`` commit and the caller did not allow it."""
+
+
+def require_clean(commit: str, allow_dirty: bool = False) -> str:
+    """``commit`` unchanged, or :class:`DirtyCheckoutError` when it ends in ``+dirty`` and
+    neither ``allow_dirty`` nor ``FRESH_RL_ALLOW_DIRTY=1`` allows it."""
+    if commit.endswith("+dirty") and not (allow_dirty or os.environ.get(ALLOW_DIRTY_ENV) == "1"):
+        raise DirtyCheckoutError(
+            f"refusing to stamp results with commit {commit}: the code has uncommitted edits, so the "
+            f"commit does not name the code that ran. Commit first, or opt in (allow_dirty=True, "
+            f"--allow-dirty where the script has it, or {ALLOW_DIRTY_ENV}=1).")
+    return commit
+
+
+def last_commit(paths: Sequence[str]) -> str:
+    """The short commit that last changed any of ``paths`` (relative to the checkout), with
+    ``+modified`` when the working tree differs from it there; ``"uncommitted"`` for paths git
+    does not track yet, ``"unknown"`` outside a git checkout. The commit of a result's data."""
+    head = _git("log", "-1", "--format=%h", "--", *paths)
+    if head is None:
+        return "unknown"
+    if not head:
+        return "uncommitted"
+    changed = _git("status", "--porcelain", "--untracked-files=no", "--", *paths)
+    return head + ("+modified" if changed else "")
 
 
 # The commit of the code this process loaded (read when the first experiment module imports
@@ -100,19 +134,21 @@ def command_line(argv: Optional[Sequence[str]] = None) -> str:
     return " ".join(["python", str(script), *map(shlex.quote, argv[1:])])
 
 
-def provenance(command: Optional[str] = None, started: Optional[float] = None) -> dict:
+def provenance(command: Optional[str] = None, started: Optional[float] = None,
+               allow_dirty: bool = False) -> dict:
     """``{"command", "commit", "machine", "wall_seconds"}`` for a results README or JSON.
 
     ``commit`` is :data:`COMMIT_AT_START`, the code the process runs; when HEAD (or the working
     tree) changed while it ran, ``"commit_at_end"`` says to what. ``started`` is a
     ``time.perf_counter()`` reading taken when the run began (wall time omitted without it);
-    ``command`` defaults to :func:`command_line`.
+    ``command`` defaults to :func:`command_line`. A ``+dirty`` commit raises
+    :class:`DirtyCheckoutError` (:func:`require_clean`) unless ``allow_dirty``.
     """
-    info = {"command": command or command_line(), "commit": COMMIT_AT_START,
+    info = {"command": command or command_line(), "commit": require_clean(COMMIT_AT_START, allow_dirty),
             "machine": machine_description()}
     now = git_commit()
     if now != COMMIT_AT_START:
-        info["commit_at_end"] = now
+        info["commit_at_end"] = require_clean(now, allow_dirty)
     if started is not None:
         info["wall_seconds"] = round(time.perf_counter() - started, 1)
     return info
@@ -148,5 +184,6 @@ def write_csv(path, rows: Iterable[Mapping]) -> None:
     tmp.replace(path)
 
 
-__all__ = ["REPOSITORY_ROOT", "command_line", "git_commit", "machine_description",
-           "measure_at_revision", "provenance", "provenance_line", "replace_label_rows", "write_csv"]
+__all__ = ["ALLOW_DIRTY_ENV", "REPOSITORY_ROOT", "DirtyCheckoutError", "command_line", "git_commit", "last_commit",
+           "machine_description", "measure_at_revision", "provenance", "provenance_line", "replace_label_rows",
+           "require_clean", "write_csv"]

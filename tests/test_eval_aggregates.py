@@ -1,4 +1,5 @@
-"""fresh_rl.eval: bootstrap intervals against direct NumPy/rliable computations."""
+"""fresh_rl.eval's rliable aggregates: stratified-bootstrap intervals against direct NumPy/rliable
+computations (the Student-t seed statistics: tests/test_eval_statistics.py)."""
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -6,8 +7,7 @@ from hypothesis import strategies as st
 from rliable import metrics as rl_metrics
 
 from fresh_rl.eval import (aggregate_intervals, improvement_intervals, iqm, normalize_scores,
-                           optimality_gap, paired_claim, probability_of_improvement,
-                           seed_interval)
+                           optimality_gap, probability_of_improvement)
 
 
 def test_point_estimates_match_rliable_metrics():
@@ -46,37 +46,7 @@ def test_stratified_bootstrap_keeps_tasks_apart():
         assert low == pytest.approx(point) and high == pytest.approx(point), metric
 
 
-@settings(max_examples=20, deadline=None)
-@given(st.integers(1, 8), st.integers(1, 5), st.integers(0, 10_000))
-def test_seed_interval_matches_loop_reference(n_seeds, n_points, seed):
-    values = np.random.default_rng(seed).normal(size=(n_seeds, n_points))
-    mean, low, high = seed_interval(values, reps=500, seed=seed)
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n_seeds, size=(500, n_seeds))
-    boot = np.stack([values[i].mean(axis=0) for i in idx])
-    np.testing.assert_allclose(mean, values.mean(axis=0))
-    np.testing.assert_allclose(low, np.percentile(boot, 2.5, axis=0))
-    np.testing.assert_allclose(high, np.percentile(boot, 97.5, axis=0))
-    assert np.all(low <= mean + 1e-12) and np.all(mean <= high + 1e-12)
-
-
-def test_seed_interval_covers_the_true_mean_about_95_percent():
-    rng = np.random.default_rng(1)
-    hits = 0
-    for _ in range(300):
-        _, low, high = seed_interval(rng.normal(size=(30,)), reps=400, seed=int(rng.integers(1 << 30)))
-        hits += low <= 0.0 <= high
-    assert 0.88 <= hits / 300 <= 0.99
-
-
-def test_seed_interval_axis_and_bad_args():
-    values = np.random.default_rng(2).normal(size=(3, 5))
-    m0, _, _ = seed_interval(values.T, axis=1, reps=10)
-    np.testing.assert_allclose(m0, values.mean(axis=0))
-    with pytest.raises(ValueError, match="confidence"):
-        seed_interval(values, confidence=1.0)
-    with pytest.raises(ValueError, match="reps"):
-        seed_interval(values, reps=0)
+def test_aggregate_intervals_rejects_a_score_vector():
     with pytest.raises(ValueError, match="score_dict"):
         aggregate_intervals({"m": np.zeros(3)})
 
@@ -125,27 +95,3 @@ def test_improvement_intervals_bracket_the_point_and_separate_clear_winners():
     assert improvement_intervals({"bad vs close": (bad, close)}, reps=300) == {"bad vs close": out["bad vs close"]}
     with pytest.raises(ValueError, match=r"same tasks, got shapes \(10, 3\) and \(10, 2\)"):
         improvement_intervals({"x": (good, bad[:, :2])})
-
-
-@settings(max_examples=30, deadline=None)
-@given(st.lists(st.floats(-5, 5), min_size=2, max_size=12), st.floats(-3, 3), st.booleans())
-def test_paired_claim_follows_the_interval_of_the_differences(noise, shift, claim_a_better):
-    """The verdict is read off the seed interval of a − b: reproduced when it excludes 0 on the
-    claimed side, refuted on the other, not separated otherwise; swapping a and b with the
-    opposite claim gives the same verdict."""
-    b = np.linspace(0.0, 1.0, len(noise))
-    a = b + shift + 0.1 * np.asarray(noise)
-    out = paired_claim(a, b, claim_a_better)
-    mean, low, high = seed_interval(a - b)
-    assert (out["difference"], out["low"], out["high"]) == pytest.approx((mean, low, high))
-    side = "above" if low > 0 else "below" if high < 0 else "none"
-    expected = {"none": "not separated",
-                "above": "reproduced" if claim_a_better else "refuted",
-                "below": "refuted" if claim_a_better else "reproduced"}[side]
-    assert out["verdict"] == expected
-    assert paired_claim(b, a, not claim_a_better)["verdict"] == expected
-
-
-def test_paired_claim_rejects_unpaired_shapes():
-    with pytest.raises(ValueError, match="paired_claim"):
-        paired_claim(np.zeros(3), np.zeros(4), True)

@@ -55,9 +55,12 @@ def test_ci_scale_learns_cartpole_for_ppo_clip_and_vaco(ci_run):
 
 def test_ci_scale_writes_outputs_and_acts_with_the_swept_lag(ci_run):
     out, results = ci_run
-    for name in ("runs.csv", "curves.csv", "aggregates.csv", "aggregates.png", "summary.md",
+    for name in ("runs.csv", "curves.csv", "per_task.csv", "summary.md",
                  "curves_CartPole-v1.png", "score_vs_tv.csv", "score_vs_tv.png"):
         assert (out / name).stat().st_size > 0, name
+    # one task: per-task intervals, no rliable aggregates (they need MIN_AGGREGATE_TASKS tasks)
+    for name in ("aggregates.csv", "aggregates.png", "probability_of_improvement.csv"):
+        assert not (out / name).exists(), name
     rows = list(csv.DictReader(open(out / "runs.csv")))
     assert len(rows) == 2 * 2 * 2  # variants × lags × seeds
     gaps = {(r["variant"], int(r["lag"])): float(r["mean_version_gap"]) for r in rows}
@@ -66,29 +69,31 @@ def test_ci_scale_writes_outputs_and_acts_with_the_swept_lag(ci_run):
     k = 4
     assert gaps[("vaco", 0)] == 0.0
     np.testing.assert_allclose(gaps[("vaco", k)], (sum(range(k)) + k * (iters - k)) / iters)
-    assert "Verdicts" in (out / "summary.md").read_text()
+    summary = (out / "summary.md").read_text()
+    assert "results/VERDICTS.md" in summary and "## Per-task normalised scores" in summary
     # score against the measured backward TV: one point per variant and lag; lag 4 drifts more
     tv = {(r["variant"], r["lag"]): float(r["mean_backward_tv"])
           for r in csv.DictReader(open(out / "score_vs_tv.csv"))}
     assert set(tv) == {(v, lag) for v in VARIANTS for lag in ("0", "4")}
     assert all(tv[v, "4"] > tv[v, "0"] for v in VARIANTS), tv
-    # P(vaco > ppo_clip) per lag, a probability inside its own interval
-    improvement = list(csv.DictReader(open(out / "probability_of_improvement.csv")))
-    assert {(r["lag"], r["vaco_variant"], r["baseline"]) for r in improvement} == {
-        (lag, "vaco", "ppo_clip") for lag in ("0", "4")}
-    for r in improvement:
-        assert 0.0 <= float(r["ci_low"]) <= float(r["probability"]) <= float(r["ci_high"]) <= 1.0, r
-    assert "Probability of improvement" in (out / "summary.md").read_text()
+    # per task, variant and lag: the seed mean of the normalised score inside its own interval
+    per_task = {(r["variant"], r["lag"]): r for r in csv.DictReader(open(out / "per_task.csv"))
+                if r["value"] == "headline"}
+    assert set(per_task) == {(v, lag) for v in VARIANTS for lag in ("0", "4")}
+    for r in per_task.values():
+        assert float(r["ci_low"]) <= float(r["mean"]) <= float(r["ci_high"]), r
     # measured lag metrics: one row per variant and lag, equal to the saved runs' means
     metrics = {(r["variant"], r["lag"]): r for r in csv.DictReader(open(out / "lag_metrics.csv"))}
     assert set(metrics) == {(v, lag) for v in VARIANTS for lag in ("0", "4")}
     for v in VARIANTS:
         np.testing.assert_allclose(float(metrics[v, "4"]["backward_tv"]), tv[v, "4"], rtol=1e-3)
     assert float(metrics["vaco", "0"]["version_gap"]) == 0.0
-    # the learning check: CartPole learns in the ci budget, so it enters the aggregates
+    # the learning check: CartPole's learner improves in the ci budget, but with 2 seeds the
+    # Student-t interval of the gain (t quantile 12.7 at 1 degree of freedom) cannot show it;
+    # the flag follows the interval
     (check,) = csv.DictReader(open(out / "learning_check.csv"))
-    assert check["task"] == "CartPole-v1" and check["learns"] == "True"
-    assert float(check["gain_ci_low"]) > 0 and float(check["final"]) > float(check["initial"])
+    assert check["task"] == "CartPole-v1" and float(check["final"]) > float(check["initial"])
+    assert check["learns"] == str(float(check["gain_ci_low"]) > 0)
 
 
 def test_second_invocation_resumes_from_saved_runs(ci_run):

@@ -157,11 +157,14 @@ def test_ci_scale_writes_its_files(ci_run):
     scale = module.SCALES["ci"]
     assert len(runs) == len(module.variants()) * len(scale.learning_rates) * scale.num_seeds
     verdicts = _rows(out / "verdicts.csv")
-    assert {r["verdict"] for r in verdicts} <= {"reproduced", "refuted", "not separated"}
+    assert {r["verdict"] for r in verdicts} <= {"reproduced", "refuted", "undecided"}
+    assert all(float(r["p_holm"]) >= float(r["p_value"]) for r in verdicts)  # Holm-corrected per claim
     assert all(math.isfinite(float(r["final_return"])) for r in runs)
     norm = _rows(out / "is_normalization.csv")
     assert len(norm) == len(module.BATCH_NORMALIZED) * len(scale.learning_rates)
     assert len(_rows(out / "short_tau.csv")) == len(module.SHORT_TAUS) * len(scale.learning_rates)
+    short_runs = _rows(out / "short_tau_runs.csv")  # the per-seed data experiments/verdicts.py reads
+    assert len(short_runs) == len(module.SHORT_TAUS) * len(scale.learning_rates) * scale.num_seeds
     ess = [float(r["ess_fraction"]) for r in _rows(out / "ess_vs_age.csv")]
     assert all(0 < e <= 1 + 1e-6 for e in ess)
 

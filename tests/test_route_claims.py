@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from fresh_rl.eval.route_claims import (MIN_MASKED_FRACTION, RECOVERY_CLAIMS, ROUTE_CLAIMS, claim_summary,
-                                        decide_route_claims, recovery_fraction)
+from fresh_rl.eval import holm_over_cells
+from fresh_rl.eval.route_claims import MIDPOINT, MIN_MASKED_FRACTION, RECOVERY_CLAIMS, ROUTE_CLAIMS, decide_route_claims
 
 SEEDS = 6
 
@@ -20,16 +20,20 @@ def _noise(scale, seed):
     return scale * np.random.default_rng(seed).standard_normal(SEEDS)
 
 
-def test_recovery_fraction_of_paired_runs():
-    """EWMA halfway between recompute_current and snapshot on every seed recovers 0.5; the
-    interval covers the point and is degenerate when every seed says the same."""
+def test_recovery_is_the_route_against_the_midpoint_of_snapshot_and_recompute_current():
+    """"Recovers > 50%" of snapshot's gain ⇔ the route beats (snapshot + recompute_current)/2,
+    paired by seed: EWMA at 70% of the gap on every seed is reproduced, at 30% refuted."""
     current = np.array([100.0, 120.0, 90.0, 110.0])
     snapshot = current + np.array([40.0, 60.0, 50.0, 30.0])
-    out = recovery_fraction(current + 0.5 * (snapshot - current), snapshot, current)
-    assert out["difference"] == pytest.approx(0.5)
-    assert out["low"] == pytest.approx(0.5) and out["high"] == pytest.approx(0.5)
-    noisy = recovery_fraction(current + np.array([10.0, 50.0, 5.0, 30.0]), snapshot, current)
-    assert noisy["low"] <= noisy["difference"] <= noisy["high"]
+    noise = np.array([1.0, -1.0, 2.0, -2.0])
+    for share, expected in ((0.7, "reproduced"), (0.3, "refuted")):
+        returns = {"recompute_current": current, "snapshot": snapshot,
+                   "ewma": current + share * (snapshot - current) + noise}
+        rows = decide_route_claims(_cell(returns, {}), masked_fraction=0.2, claims=ROUTE_CLAIMS[:1])
+        gain, row = rows  # snapshot > recompute_current opens the gate
+        assert gain["verdict"] == "reproduced"
+        assert (row["a"], row["b"], row["verdict"]) == ("ewma", MIDPOINT, expected)
+        assert row["difference"] == pytest.approx(np.mean((share - 0.5) * (snapshot - current) + noise))
 
 
 def test_a_cell_that_shows_the_paper_decides_every_claim_it_ran():
@@ -49,7 +53,7 @@ def test_a_cell_that_shows_the_paper_decides_every_claim_it_ran():
     assert [r["claim"] for r in rows] == [c[0] for c in ran] + [c[0] for c in RECOVERY_CLAIMS]
     verdict = {r["claim"]: r["verdict"] for r in rows}
     expected = {c[0]: "reproduced" for c in ran}
-    expected.update({c[0]: "not separated" for c in ran if {c[1], c[2]} == {"ewma", "ewma_no_reset"}})
+    expected.update({c[0]: "undecided" for c in ran if {c[1], c[2]} == {"ewma", "ewma_no_reset"}})
     expected.update({c[0]: "reproduced" for c in RECOVERY_CLAIMS})
     assert verdict == expected
     for r in rows[:len(ran)]:
@@ -57,34 +61,29 @@ def test_a_cell_that_shows_the_paper_decides_every_claim_it_ran():
         assert r["mean_a"] == pytest.approx(np.mean(returns[r["a"]] if r["metric"] == "return" else active[r["a"]]))
 
 
-def test_an_uncollapsed_mask_or_no_gap_makes_a_cell_untestable():
+def test_an_uncollapsed_mask_or_no_gap_makes_a_cell_not_testable():
     base = 0.4 + _noise(0.01, 0)
     returns = {"recompute_current": base, "snapshot": base + 0.3, "ewma": base + 0.2}
     active = {r: np.ones(SEEDS) for r in returns}
     masked = MIN_MASKED_FRACTION / 2
     rows = decide_route_claims(_cell(returns, active), masked_fraction=masked)
-    assert rows and all(r["verdict"] == f"untestable here (recompute_current masks {masked:.3f})"
-                        for r in rows)
-    # the mask collapsed but the exact route gains nothing: the recovery has no gap to divide
+    assert rows and all(r["verdict"] == "not testable here" for r in rows)
+    assert all(r["gate"] == f"recompute_current masks {masked:.3f} < {MIN_MASKED_FRACTION}" for r in rows)
+    # the mask collapsed but the exact route gains nothing: no gain for the recovery to split
     returns["snapshot"] = base - 0.01
     rows = decide_route_claims(_cell(returns, active), masked_fraction=0.2)
-    recovery = [r for r in rows if r["metric"] == "recovered fraction"]
+    recovery = [r for r in rows if r["b"] == MIDPOINT]
     assert [r["a"] for r in recovery] == ["ewma"]
-    assert recovery[0]["verdict"] == "untestable here (snapshot does not beat recompute_current: no gap)"
+    assert recovery[0]["verdict"] == "not testable here" and "no gain to recover" in recovery[0]["gate"]
+    assert all(not r["gate"] for r in rows if r["b"] != MIDPOINT)
 
 
-def test_claim_summary_counts_every_cell_once():
-    def row(claim, verdict, window):
-        return {"claim": claim, "metric": "return", "verdict": verdict, "window": window}
-    rows = [row("a", "reproduced", 1), row("a", "refuted", 4), row("a", "not separated", 16),
-            row("b", "reproduced", 1), row("b", "untestable here (x)", 4),
-            row("c", "untestable here (x)", 1),
-            row("d", "not separated", 1)]
-    summary = {r["claim"]: r for r in claim_summary(rows, lambda r: f"W={r['window']}")}
-    assert summary["a"]["overall"] == "mixed (2 of 3 testable cells decide)"
-    assert summary["a"]["decided_cells"] == "W=1: reproduced; W=4: refuted"
-    assert summary["b"]["overall"] == "reproduced (1 of 1 testable cells decide)"
-    assert summary["c"]["overall"] == "untestable here"
-    assert summary["d"]["overall"] == "not separated (0 of 1 testable cells decide)"
-    for r in summary.values():
-        assert r["reproduced"] + r["refuted"] + r["not separated"] + r["untestable"] == r["cells"]
+def test_holm_over_cells_adjusts_each_claim_over_its_testable_cells():
+    """Three cells of one claim: a strong effect survives Holm, a marginal one (p ≈ 0.03 alone)
+    does not; a gated cell keeps its verdict and gets no adjusted p."""
+    def row(p, verdict, gate=""):
+        return {"claim": "c", "p_value": p, "verdict": verdict, "gate": gate}
+    rows = holm_over_cells([row(0.001, "reproduced"), row(0.03, "reproduced"), row(0.5, "undecided"),
+                            row(1.0, "not testable here", "masks 0.01 < 0.05")])
+    assert [r["verdict"] for r in rows] == ["reproduced", "undecided", "undecided", "not testable here"]
+    assert [r["p_holm"] for r in rows[:3]] == pytest.approx([0.003, 0.06, 0.5]) and rows[3]["p_holm"] == ""

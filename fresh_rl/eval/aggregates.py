@@ -3,9 +3,9 @@ statistical precipice", arXiv 2108.13264; the rliable aggregates VACO reports: m
 optimality gap, and the probability of improvement of one method over another).
 
 Scores are NumPy arrays ``[runs, tasks]`` of normalised final returns; a *run* is one seed.
-Intervals are percentile bootstrap intervals. :func:`aggregate_intervals` uses rliable's
-stratified bootstrap (runs resampled with replacement within each task, tasks kept fixed);
-:func:`seed_interval` is the one-task case for a mean over seeds, vectorised in NumPy.
+Intervals are rliable's stratified percentile bootstrap (runs resampled with replacement within
+each task, tasks kept fixed). These aggregates are for three or more tasks; with fewer, report
+per-task Student-t intervals (:mod:`fresh_rl.eval.statistics`, docs/statistics.md).
 """
 from __future__ import annotations
 
@@ -97,49 +97,6 @@ def _seeded_interval_estimates(score_dict, func, confidence: float, reps: int, s
                                           random_state=np.random.RandomState(seed))
     finally:
         np.random.set_state(caller_state)
-
-
-def seed_interval(values, axis: int = 0, confidence: float = 0.95, reps: int = 2000,
-                  seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Mean over seeds (``axis``) with a percentile-bootstrap ``confidence`` interval.
-
-    Returns ``(mean, low, high)``, each shaped like ``values`` without ``axis``. Resamples the
-    seeds with replacement ``reps`` times (one shared resampling for every other index, so a
-    learning curve gets a consistent band); with one seed the interval collapses to the mean.
-    """
-    _check_interval_args(confidence, reps)
-    x = np.moveaxis(np.asarray(values, np.float64), axis, 0)
-    n = x.shape[0]
-    if n < 1:
-        raise ValueError("seed_interval needs at least one seed along axis")
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(reps, n))
-    boot = np.mean(x[idx], axis=1)  # [reps, ...]
-    tail = 100.0 * (1.0 - confidence) / 2.0
-    low, high = np.percentile(boot, [tail, 100.0 - tail], axis=0)
-    return np.mean(x, axis=0), low, high
-
-
-def paired_claim(a, b, claim_a_better: bool, confidence: float = 0.95, reps: int = 2000,
-                 seed: int = 0) -> dict:
-    """Verdict on "a > b" (``claim_a_better``) or "a < b" from per-seed paired scores.
-
-    The :func:`seed_interval` of the differences ``a − b`` (seeds paired: same key) decides:
-    *reproduced* when the interval excludes 0 on the claimed side, *refuted* when it excludes 0
-    on the other, *not separated* otherwise. Returns ``{"difference", "low", "high",
-    "verdict"}``.
-    """
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    if a.ndim != 1 or a.shape != b.shape:
-        raise ValueError(f"paired_claim needs two [seeds] arrays of one shape, got {a.shape} and {b.shape}")
-    mean, low, high = (float(x) for x in seed_interval(a - b, confidence=confidence, reps=reps, seed=seed))
-    if low > 0:
-        verdict = "reproduced" if claim_a_better else "refuted"
-    elif high < 0:
-        verdict = "refuted" if claim_a_better else "reproduced"
-    else:
-        verdict = "not separated"
-    return {"difference": mean, "low": low, "high": high, "verdict": verdict}
 
 
 def aggregate_intervals(

@@ -1,5 +1,5 @@
 """Scores of a run's learning curve: the untrained policy's return, the final return, and the
-initial and final scores and area of a learner-evaluation curve.
+first, initial and final scores and area of a learner-evaluation curve.
 
 Learner-evaluation curves (``eval/return_…`` of :func:`fresh_rl.control.train.train`) hold a
 value on every iteration, carried forward between evaluations; ``eval/valid`` marks the
@@ -41,6 +41,13 @@ def eval_final_score(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
     ``values [..., I]`` (e.g. ``eval/return_deterministic``), ``valid`` (``eval/valid``)
     broadcastable to it."""
     return _eval_rows(values, valid, lambda _, y: y[-max(1, len(y) // 10):].mean())
+
+
+def eval_first_score(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """A run's first evaluation point, per run ``[...]``: the learner closest to untrained, in
+    the evaluation mode of ``values`` (normalise a final :func:`eval_final_score` with this, not
+    with the stochastic actors' training return, so both ends use one mode)."""
+    return _eval_rows(values, valid, lambda _, y: y[0])
 
 
 def eval_initial_score(values: np.ndarray, valid: np.ndarray) -> np.ndarray:

@@ -1,16 +1,18 @@
 """The command line shared by the resumable study scripts under ``experiments/``.
 
 ``python experiments/<study>.py --scale ci|cpu|paper [--out DIR] [--seed S] [--fresh]
-[--compilation-cache …]`` runs ``run(scale_name, out_dir, seed, fresh)`` and prints the README
+[--allow-dirty] [--compilation-cache …]`` runs ``run(scale_name, out_dir, seed, fresh)`` and prints the README
 it returns. Saved chunks under ``--out`` are reused unless ``--fresh``.
 """
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
+from fresh_rl.provenance import ALLOW_DIRTY_ENV
 
 
 def study_main(description: str, scales: Mapping, default_out: Path,
@@ -22,7 +24,11 @@ def study_main(description: str, scales: Mapping, default_out: Path,
     parser.add_argument("--out", type=Path, default=default_out)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fresh", action="store_true", help="ignore saved chunks, recompute all")
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="stamp the results even though the code has uncommitted edits (+dirty)")
     add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
     enable_from_args(args)
+    if args.allow_dirty:
+        os.environ[ALLOW_DIRTY_ENV] = "1"  # read by fresh_rl.provenance.provenance
     print(run(args.scale, args.out, args.seed, args.fresh))
