@@ -83,7 +83,7 @@ def _task(env_name: str, num_envs: int, rollout_length: int, iterations: int, ev
 
 
 SCALES = {
-    "ci": Scale((_task("CartPole-v1", 8, 32, 20, 10, 4),), (4,), 2, (1e-3,), (0.8, 0.9), (4,), 10),
+    "ci": Scale((_task("CartPole-v1", 8, 32, 20, 10, 4),), (4,), 3, (1e-3,), (0.8, 0.9), (4,), 10),
     "quick": Scale((_task("CartPole-v1", 8, 32, 60, 10, 4),), (1, 16), 3, (1e-3,), (0.9,), (16,), 10,
                    slow_reference=False),
     "cpu": Scale((_task("CartPole-v1", 8, 64, 250, 25, 8), _task("Acrobot-v1", 8, 64, 250, 25, 8)),

@@ -67,8 +67,9 @@ class StalenessConfig:
 
 
 SCALES = {
-    "ci": StalenessConfig(num_versions=200, insert_batch=16, sample_batch=16, capacity=1024,
-                          reward_scale_decay=100.0, num_seeds=2),
+    # The buffer holds 256 versions, longer than τ = 100, so the decay is visible at ci scale.
+    "ci": StalenessConfig(num_versions=300, insert_batch=16, sample_batch=16, capacity=4096,
+                          reward_scale_decay=100.0, num_seeds=3),
     "cpu": StalenessConfig(num_versions=2000, insert_batch=64, sample_batch=64, capacity=50_000),
 }
 SAMPLERS = {

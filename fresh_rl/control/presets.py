@@ -156,7 +156,7 @@ STUDY_MIXTURE = DelayConfig.geometric(mean_lag=8.0, ring_size=max(STUDY_LAGS) + 
 VACO_SCALES = {
     "ci": Scale(
         tasks=(_task("CartPole-v1", total_env_steps=16 * 64 * 24, **_GYMNAX_DISCRETE),),
-        lags=(0, 4), num_seeds=2, methods=("ppo_clip", "vaco"), ablations=(), deltas=(PAPER_DELTA,),
+        lags=(0, 4), num_seeds=3, methods=("ppo_clip", "vaco"), ablations=(), deltas=(PAPER_DELTA,),
     ),
     "quick": Scale(  # the quickstart's VACO part: two gymnax tasks, three methods, ~5 min
         tasks=(_task("CartPole-v1", total_env_steps=50_176, **_GYMNAX_DISCRETE),
