@@ -30,6 +30,7 @@ with the measurements.
 
     python experiments/old_logits_control.py --scale ci     # the tests
     python experiments/old_logits_control.py --scale quick  # the quickstart: W = 1 and 16, ~1.5 min
+    python experiments/old_logits_control.py --scale quick-ci  # the quickstart's test version
     python experiments/old_logits_control.py --scale cpu    # CartPole + Acrobot, 10 seeds
     python experiments/old_logits_control.py --scale paper  # + Breakout-MinAtar, 30 seeds
 """
@@ -86,6 +87,9 @@ SCALES = {
     "ci": Scale((_task("CartPole-v1", 8, 32, 20, 10, 4),), (4,), 3, (1e-3,), (0.8, 0.9), (4,), 10),
     "quick": Scale((_task("CartPole-v1", 8, 32, 60, 10, 4),), (1, 16), 3, (1e-3,), (0.9,), (16,), 10,
                    slow_reference=False),
+    # the quickstart's test version: two windows, the main threshold, no cost or reset stage
+    "quick-ci": Scale((_task("CartPole-v1", 8, 32, 20, 10, 4),), (1, 4), 3, (1e-3,), (0.9,), (), 10,
+                      slow_reference=False),
     "cpu": Scale((_task("CartPole-v1", 8, 64, 250, 25, 8), _task("Acrobot-v1", 8, 64, 250, 25, 8)),
                  (1, 4, 16, 32), 10, (3e-4, 1e-3), (0.7, 0.8, 0.9, 0.95), (1, 32), 50),
     "paper": Scale((_task("CartPole-v1", 16, 128, 500, 25, 32), _task("Acrobot-v1", 16, 128, 500, 25, 32),
@@ -270,7 +274,8 @@ def summarize(scale: Scale, results: dict, costs: list[dict], out_dir: Path, hea
     for name, rows in (("runs", run_rows), ("summary", summary_rows), ("active_fraction", curve_rows),
                        ("reset", reset_rows), ("reset_over_time", reset_curve_rows), ("costs", costs),
                        ("verdicts", verdict_rows)):
-        write_csv(out_dir / f"{name}.csv", rows)
+        if rows:  # a scale without a cost stage (quick-ci) has no cost table
+            write_csv(out_dir / f"{name}.csv", rows)
     _figure(scale, summary_rows, out_dir)
     _reset_figure(scale, reset_curve_rows, out_dir)
     return _readme(scale, summary_rows, reset_rows, costs, out_dir, header)
@@ -435,23 +440,24 @@ def _readme(scale, summary_rows, reset_rows, costs, out_dir: Path, header: dict)
     text += [f"| {r['task']} | {r['window']} | {r['ewma_beta_rule']} | {r['learning_rate']} | {r['threshold']} | "
              f"{r['resets_per_run']:.1f} | {r['active_fraction']:.3f} | {r['active_fraction_min']:.3f} | "
              f"{r['mean']:.1f} |" for r in reset_rows]
-    text += ["", "## Costs (`costs.csv`)", "",
-             "Parameter copies besides the learner's own and the engines'; forwards = passes over the batch "
-             "spent on old log-probs per iteration; time per run-iteration from one compiled program "
-             f"(every route shares it, route unbatched so each call runs only its own branch) of "
-             f"{scale.num_seeds} vmapped runs × {scale.cost_iterations} iterations, after a warm-up "
-             f"call, on this machine; compiling that program took "
-             f"{', '.join(sorted({str(r['compile_seconds_all_routes']) for r in costs}))} s.", "",
-             "The reward columns are the same cell's (first learning rate) from the route comparison.", "",
-             "| task | W | route | exact | parameter copies | forwards per iteration | "
-             "ms per run-iteration | ρ_active | return, mean over evals |", "|---|---|---|---|---|---|---|---|---|"]
-    reward = {(r["task"], r["window"], r["route"]): r for r in summary_rows
-              if r["learning_rate"] == lr0 and r["threshold"] == MAIN_THRESHOLD}
-    for r in costs:
-        cell = reward.get((r["task"], r["window"], r["route"]))
-        tail = f"{cell['active_fraction']:.3f} | {_fmt(cell, 'mean')}" if cell else "— | —"
-        text.append(f"| {r['task']} | {r['window']} | {r['route']} | {r['exact']} | {r['param_copies']} | "
-                    f"{r['forwards_per_iteration']:.2f} | {r['ms_per_run_iteration']:.2f} | {tail} |")
+    if costs:  # a scale without a cost stage (quick-ci) has no cost table
+        text += ["", "## Costs (`costs.csv`)", "",
+                 "Parameter copies besides the learner's own and the engines'; forwards = passes over the batch "
+                 "spent on old log-probs per iteration; time per run-iteration from one compiled program "
+                 f"(every route shares it, route unbatched so each call runs only its own branch) of "
+                 f"{scale.num_seeds} vmapped runs × {scale.cost_iterations} iterations, after a warm-up "
+                 f"call, on this machine; compiling that program took "
+                 f"{', '.join(sorted({str(r['compile_seconds_all_routes']) for r in costs}))} s.", "",
+                 "The reward columns are the same cell's (first learning rate) from the route comparison.", "",
+                 "| task | W | route | exact | parameter copies | forwards per iteration | "
+                 "ms per run-iteration | ρ_active | return, mean over evals |", "|---|---|---|---|---|---|---|---|---|"]
+        reward = {(r["task"], r["window"], r["route"]): r for r in summary_rows
+                  if r["learning_rate"] == lr0 and r["threshold"] == MAIN_THRESHOLD}
+        for r in costs:
+            cell = reward.get((r["task"], r["window"], r["route"]))
+            tail = f"{cell['active_fraction']:.3f} | {_fmt(cell, 'mean')}" if cell else "— | —"
+            text.append(f"| {r['task']} | {r['window']} | {r['route']} | {r['exact']} | {r['param_copies']} | "
+                        f"{r['forwards_per_iteration']:.2f} | {r['ms_per_run_iteration']:.2f} | {tail} |")
     (out_dir / "README.md").write_text("\n".join(text) + "\n")
     return "\n".join(text)
 

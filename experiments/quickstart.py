@@ -56,7 +56,7 @@ PARTS = {  # part → (title, script, its scale at each quickstart scale)
     VACO: ("VACO: policy drift and the TV filter's kept fraction at lag 0 and 4",
            "experiments/vaco_lag_sweep.py", {"quick": "quick", "ci": "ci"}),
     OLD_LOGITS: ("Missing old logits: each route's active-token fraction against W",
-                 "experiments/old_logits_control.py", {"quick": "quick", "ci": "ci"}),
+                 "experiments/old_logits_control.py", {"quick": "quick", "ci": "quick-ci"}),
 }
 CONFIDENCE = 0.95
 

@@ -62,7 +62,8 @@ def test_ci_scale_writes_outputs_and_acts_with_the_swept_lag(ci_run):
     for name in ("aggregates.csv", "aggregates.png", "probability_of_improvement.csv"):
         assert not (out / name).exists(), name
     rows = list(csv.DictReader(open(out / "runs.csv")))
-    assert len(rows) == 2 * 2 * 2  # variants × lags × seeds
+    scale = VACO_SCALES["ci"]
+    assert len(rows) == len(scale.methods) * len(scale.lags) * scale.num_seeds  # variants × lags × seeds
     gaps = {(r["variant"], int(r["lag"])): float(r["mean_version_gap"]) for r in rows}
     # fixed lag k: gaps 0, 1, …, k−1, then k for the rest of the run
     iters = results["vaco"]["episode_return"].shape[-1]

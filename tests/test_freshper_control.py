@@ -146,6 +146,9 @@ def _rows(path):
         return list(csv.DictReader(f))
 
 
+# experiments/freshper_control.py end to end; the bed's equalities (τ = ∞ is PER, drift by age)
+# stay in the default run
+@pytest.mark.slow
 def test_ci_scale_writes_its_files(ci_run):
     module, out = ci_run
     for name in ("README.md", "config.json", "runs.csv", "final.csv", "ess_vs_age.csv",
@@ -187,6 +190,8 @@ def test_matched_updates_and_optimizer_state_counts(ci_run):
                         if REPLAY_METHODS[m].extra == "replay"}
 
 
+# needs the ci study above
+@pytest.mark.slow
 def test_ci_scale_rerun_skips_saved_chunks(ci_run):
     module, out = ci_run
     before = (out / "runs.csv").read_text()

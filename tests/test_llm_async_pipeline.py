@@ -226,6 +226,9 @@ COMPARED = ("success_rate", "loss", "active_token_fraction", "abs_log_rd_mean", 
             "grad_norm")
 
 
+# the same identity is tested on the control trainer in the default run
+# (test_old_logits_control)
+@pytest.mark.slow
 def test_ewma_beta_zero_equals_recompute_current(params):
     recompute = _run(ap.AsyncConfig(staleness_window=2, old_logit_route="recompute_current"),
                      params)
@@ -333,6 +336,9 @@ def _read_csv(path):
         return list(csv.DictReader(f))
 
 
+# the LLM old-logit script end to end; the pipeline's routes and verdict code are tested in the
+# default run
+@pytest.mark.slow
 def test_smoke_experiment_writes_results(smoke_run):
     for name in ("curves.csv", "summary.csv", "eval.csv", "config.json", "success_vs_step.png",
                  "mechanism.png", "runs/snapshot_W1_seed0.csv"):

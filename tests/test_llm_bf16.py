@@ -154,6 +154,7 @@ def test_route_costs_follow_the_storage_dtype(params):
         assert costs["bfloat16"]["extra_param_bytes"] * 2 == copies * one
 
 
+@pytest.mark.slow  # the bf16 update and the bf16 ring are each tested in the default run
 def test_async_iteration_with_bf16_update_and_bf16_storage(params):
     """One EWMA-route iteration (ring push, θ_ref EWMA update and reset check) with both bf16
     options: the stored copies stay bf16, the learner and AdamW fp32, the metrics finite."""

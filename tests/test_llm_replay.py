@@ -107,6 +107,9 @@ def test_priorities_and_insert_versions():
 # --------------------------------------------------------------------------- equivalences
 
 
+# two LLM replay programs of their own; the update-count match
+# (test_on_policy_with_one_plus_k_epochs…) stays in the default run
+@pytest.mark.slow
 def test_zero_replay_updates_is_exactly_on_policy(params):
     on_policy = _run(METHODS["on_policy"], params)
     plain = ap.train_loop(CONFIG, SYNC, SEEDS, SCALE.iterations, params=params,
@@ -129,6 +132,9 @@ def test_on_policy_with_one_plus_k_epochs_matches_the_replay_update_count(params
         rt.LLMReplayConfig(fresh_epochs=0)
 
 
+# the LLM loop at τ = ∞ equals PER; the buffer-level and the control-bed equalities
+# (test_replay_buffer, test_freshper_control) stay in the default run
+@pytest.mark.slow
 def test_infinite_tau_is_exactly_standard_per(params):
     per = _run(METHODS["per"], params)
     fresh = METHODS["freshper"]
@@ -175,6 +181,9 @@ def test_replayed_samples_carry_their_behaviour_log_probs_and_versions(params):
     np.testing.assert_array_equal(rebuilt.old_logprobs, sample["old_logprobs"])
 
 
+# bit-identical resume is tested for control runs and the CLI in the default run (test_sweep,
+# test_cli)
+@pytest.mark.slow
 def test_interrupted_run_resumes_exactly(params, tmp_path):
     fresh = METHODS["freshper"]
     full = _run(fresh, params)
@@ -253,6 +262,9 @@ def ci_run(tmp_path_factory):
     return out
 
 
+# experiments/freshper.py end to end (its own LLM programs); the replay trainer's equalities
+# and behaviour tags stay in the default run
+@pytest.mark.slow
 def test_ci_experiment_writes_results(ci_run):
     for name in ("curves.csv", "final.csv", "ess_vs_age.csv", "ess_fit.csv", "config.json",
                  "learning_curves.png", "ess_vs_age.png", "runs/arithmetic_freshper.npz"):

@@ -22,6 +22,9 @@ def ci_study(load_experiment, tmp_path_factory):
     return module, out, rows, records
 
 
+# the LLM RL-gain study at ci scale (a finished study); its summary statistics are checked
+# against NumPy in the default run
+@pytest.mark.slow
 def test_ci_scale_records_paired_held_out_gains(ci_study):
     module, out, rows, records = ci_study
     assert [(r["task"], r["seed"]) for r in records] == [("arithmetic", 0), ("arithmetic", 1)]
@@ -41,6 +44,7 @@ def test_ci_scale_records_paired_held_out_gains(ci_study):
     assert not (out / "checkpoints").exists()  # saved runs drop their resume state
 
 
+@pytest.mark.slow  # needs the ci study above
 def test_second_invocation_loads_the_saved_runs(ci_study, capsys):
     module, out, _, records = ci_study
     stamps = {p.name: p.stat().st_mtime_ns for p in (out / "runs").iterdir()}
@@ -89,6 +93,7 @@ def test_run_names_and_old_records_carry_every_probed_setting(load_experiment, t
     assert (old["minibatches"], old["num_groups"], old["prompt_pool"], old["staleness_window"]) == (1, 8, 0, 1)
 
 
+@pytest.mark.slow  # needs the ci study above
 def test_prompt_pool_runs_score_the_training_prompts_too(ci_study):
     """With ``--prompt-pool`` the runs also score the fixed training prompts (before and after);
     held-out scoring is the same episodes as the fresh-prompt runs, and both settings share the

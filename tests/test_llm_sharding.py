@@ -103,7 +103,7 @@ def child(out: str) -> None:
 def eight_devices(tmp_path_factory):
     out = tmp_path_factory.mktemp("sharding") / "result.npz"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+           "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"}
     done = subprocess.run([sys.executable, __file__, str(out)], capture_output=True, text=True,
                           timeout=600, cwd=ROOT, env=env)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -111,6 +111,9 @@ def _run_bpe_ci(out, *flags):
                           capture_output=True, text=True).stdout
 
 
+# the BPE warm-start script end to end; behaviour cloning, its checkpoint and the HF export are
+# tested in the default run
+@pytest.mark.slow
 def test_bpe_ci_scale_writes_a_loadable_hf_folder_and_resumes(tmp_path):
     """The BPE warm start at its ci scale (2-layer 32-wide model, 4 steps, arithmetic):
     interrupted after the first periodic evaluation and rerun, it continues from the saved

@@ -47,6 +47,8 @@ def single_process_grid(tmp_path_factory):
     return _rows(out)
 
 
+# the 2-process FreshPER grid equality and the launcher's failure modes stay in the default run
+@pytest.mark.slow
 def test_control_grid_on_2_processes_x_2_devices_equals_1_process(tmp_path, single_process_grid):
     done = _run([*CLI, "launch", "--processes", "2", "--devices-per-process", "2", "--timeout", "500",
                  *GRID, "--out", str(tmp_path)])
@@ -56,6 +58,9 @@ def test_control_grid_on_2_processes_x_2_devices_equals_1_process(tmp_path, sing
     assert len(single_process_grid) == 16 * 4
 
 
+# SIGKILL-and-resume is tested single-host in the default run (test_sweep); the 2-process grid
+# equality stays there too
+@pytest.mark.slow
 def test_killed_process_fails_the_launch_by_name_and_a_rerun_resumes_exactly(tmp_path, single_process_grid):
     checkpoint = tmp_path / "checkpoints" / "1"
 
@@ -122,7 +127,8 @@ def test_launcher_passes_its_own_process_count_and_rejects_bad_setups(tmp_path):
     with pytest.raises(ValueError, match="num_processes"):
         launch_local(["true"], 0)
     bad = _run([*CLI, "sweep", "--seeds", "3", "--no-pad", "--out", str(tmp_path), *GRID[1:13]],
-               {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}, timeout=120)
+               {"XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=2",
+                "JAX_PLATFORMS": "cpu"}, timeout=120)
     assert bad.returncode != 0
     assert "with pad=False every chunk must divide over the 2 devices: the grid has 3 points" in bad.stderr
     done = _run([*CLI, "launch", "--processes", "2"])

@@ -80,7 +80,8 @@ def test_study_grid_on_8_devices_equals_1_device():
             "gap_by_lag": [float(study["lag/version_gap_mean"][i].mean()) for i in range(2)],
         }))
     """
-    proc = _python(code, {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"})
+    proc = _python(code, {"XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8",
+                          "JAX_PLATFORMS": "cpu"})
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]
     result = json.loads(out.strip().splitlines()[-1])

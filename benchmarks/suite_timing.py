@@ -1,0 +1,117 @@
+"""Wall time of the CI command from fresh clones, the slowest tests, and the slow lane.
+
+Clones the repository at HEAD into a scratch folder ``--runs`` times in a row and runs
+``bash .ci/run`` in each (a new venv, the README's test command), as CI does: a new venv (pip
+uses the machine's wheel cache, as CI on the same machine does) and a cold XLA compilation
+cache. ``PYTEST_ADDOPTS`` adds a JUnit report to each run (the command itself is
+unchanged), from which the slowest tests are read. ``--slow`` then runs the slow lane
+(``pytest -m slow``) in the last clone's venv. Writes ``results/bench/tests.{md,json}``.
+
+    python benchmarks/suite_timing.py --runs 3 --slow
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from fresh_rl.provenance import REPOSITORY_ROOT, git_commit, machine_description, require_clean
+
+OUT = REPOSITORY_ROOT / "results" / "bench"
+SUMMARY = re.compile(r"^=+ (.*(?:passed|failed).*) in [\d.]+s.*=+$", re.M)
+
+
+def junit_cases(path: Path) -> list[tuple[float, str]]:
+    """``(seconds, file::test)`` of every test case in a JUnit report."""
+    cases = []
+    for case in ET.parse(path).iter("testcase"):
+        module = case.get("classname", "").replace(".", "/")
+        cases.append((float(case.get("time", 0.0)), f"{module}.py::{case.get('name')}"))
+    return sorted(cases, reverse=True)
+
+
+def timed(command: list[str], cwd: Path, env: dict) -> tuple[float, int, str]:
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    return time.perf_counter() - start, done.returncode, done.stdout + done.stderr
+
+
+def summary_line(output: str) -> str:
+    found = SUMMARY.findall(output)
+    return found[-1] if found else "no pytest summary"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--slow", action="store_true", help="also time the slow lane")
+    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--allow-dirty", action="store_true")
+    args = parser.parse_args(argv)
+    if args.runs < 1:
+        parser.error("--runs must be ≥ 1")
+    commit = require_clean(git_commit(), args.allow_dirty)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_", "FRESH_RL_"))}
+    env["CI"] = "true"
+    record = {"commit": commit, "machine": machine_description(), "runs": [], "slow": None}
+    with tempfile.TemporaryDirectory(prefix="fresh_rl_suite_") as scratch:
+        for run in range(args.runs):
+            clone = Path(scratch) / f"clone{run}"
+            subprocess.run(["git", "clone", "-q", str(REPOSITORY_ROOT), str(clone)], check=True)
+            report = Path(scratch) / f"junit{run}.xml"
+            wall, code, output = timed(["bash", ".ci/run"], clone,
+                                       {**env, "PYTEST_ADDOPTS": f"--junitxml={report}"})
+            cases = junit_cases(report) if report.exists() else []
+            record["runs"].append({"wall_seconds": round(wall, 1), "exit_code": code,
+                                   "summary": summary_line(output),
+                                   "slowest": [[round(s, 1), n] for s, n in cases[:15]]})
+            print(f"run {run + 1}: {wall:.0f} s, exit {code}, {summary_line(output)}", flush=True)
+            if code != 0:
+                print(output[-5000:])
+        if args.slow:
+            report = Path(scratch) / "junit_slow.xml"
+            wall, code, output = timed([".venv/bin/python", "-m", "pytest", "-m", "slow",
+                                        f"--junitxml={report}"], clone, env)
+            cases = junit_cases(report) if report.exists() else []
+            record["slow"] = {"wall_seconds": round(wall, 1), "exit_code": code,
+                              "summary": summary_line(output),
+                              "tests": [[round(s, 1), n] for s, n in cases]}
+            print(f"slow lane: {wall:.0f} s, exit {code}, {summary_line(output)}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "tests.json").write_text(json.dumps(record, indent=1) + "\n")
+    (args.out / "tests.md").write_text(render(record))
+    print(render(record))
+
+
+def render(record: dict) -> str:
+    runs = record["runs"]
+    lines = ["# Test suite wall time", "",
+             f"Made by `python benchmarks/suite_timing.py --runs {len(runs)}"
+             f"{' --slow' if record['slow'] else ''}` at commit {record['commit']} on "
+             f"{record['machine']}. Each run is `bash .ci/run` in a fresh clone (new venv and pip "
+             "install from the machine's wheel cache, cold XLA compilation cache), one after the "
+             "other on an otherwise idle machine; the wall time includes the install.", "",
+             "| run | wall time | exit | pytest |", "|---|---|---|---|"]
+    lines += [f"| {i + 1} | {r['wall_seconds']:.0f} s ({r['wall_seconds'] / 60:.1f} min) | "
+              f"{r['exit_code']} | {r['summary']} |" for i, r in enumerate(runs)]
+    lines += ["", f"## The 15 slowest tests (run {len(runs)}; setup of module fixtures is "
+              "counted in the first test that uses them)", "", "| seconds | test |", "|---|---|"]
+    lines += [f"| {s:.1f} | `{n}` |" for s, n in runs[-1]["slowest"]]
+    slow = record["slow"]
+    if slow:
+        lines += ["", "## The slow lane (`pytest -m slow`)", "",
+                  f"{slow['summary']}; {slow['wall_seconds']:.0f} s wall "
+                  f"({slow['wall_seconds'] / 60:.1f} min) with the clone's venv and a cold "
+                  "compilation cache.", "", "| seconds | test |", "|---|---|"]
+        lines += [f"| {s:.1f} | `{n}` |" for s, n in slow["tests"]]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
