@@ -59,7 +59,8 @@ def main(argv=None):
     commit = require_clean(git_commit(), args.allow_dirty)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_", "FRESH_RL_"))}
     env["CI"] = "true"
-    record = {"commit": commit, "machine": machine_description(), "runs": [], "slow": None}
+    record = {"commit": commit, "machine": machine_description(), "runs": [], "slow": None,
+              "slow_lane": []}
     with tempfile.TemporaryDirectory(prefix="fresh_rl_suite_") as scratch:
         for run in range(args.runs):
             clone = Path(scratch) / f"clone{run}"
@@ -74,6 +75,10 @@ def main(argv=None):
             print(f"run {run + 1}: {wall:.0f} s, exit {code}, {summary_line(output)}", flush=True)
             if code != 0:
                 print(output[-5000:])
+        collected = subprocess.run([".venv/bin/python", "-m", "pytest", "-m", "slow", "--collect-only",
+                                    "-q", "-p", "no:cacheprovider"], cwd=clone, env=env,
+                                   capture_output=True, text=True).stdout
+        record["slow_lane"] = [line for line in collected.splitlines() if "::" in line]
         if args.slow:
             report = Path(scratch) / "junit_slow.xml"
             wall, code, output = timed([".venv/bin/python", "-m", "pytest", "-m", "slow",
@@ -104,6 +109,10 @@ def render(record: dict) -> str:
               "counted in the first test that uses them)", "", "| seconds | test |", "|---|---|"]
     lines += [f"| {s:.1f} | `{n}` |" for s, n in runs[-1]["slowest"]]
     slow = record["slow"]
+    if not slow:
+        lines += ["", f"## The slow lane (`pytest -m slow`): {len(record['slow_lane'])} tests, not timed "
+                  "in this run (`--slow` times it)", ""]
+        lines += [f"- `{name}`" for name in record["slow_lane"]]
     if slow:
         lines += ["", "## The slow lane (`pytest -m slow`)", "",
                   f"{slow['summary']}; {slow['wall_seconds']:.0f} s wall "

@@ -54,6 +54,7 @@ def test_train_writes_metrics_checkpoints_and_resumes(tmp_path, capsys):
     assert [int(r["iteration"]) for r in rows] == list(range(5))
     assert float(rows[-1]["lag/version_gap_mean"]) == 2.0
     lines = [json.loads(x) for x in open(tmp_path / "metrics.jsonl")]
+    # both files hold repr() of the same Python float: exact, approx's rel 1e-6 is slack
     assert lines[-1]["episode_return"] == pytest.approx(float(rows[-1]["episode_return"]))
     assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [4, 5]
     capsys.readouterr()

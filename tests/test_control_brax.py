@@ -75,26 +75,31 @@ def test_auto_reset_terminated_vs_truncated(rollout):
     done = term | trunc
     np.testing.assert_array_equal(outs.episode_length[done], np.where(term[done], 4, 12))
     # Reward 1 per simulator step while alive: the terminal agent step pays its first sub-step only.
-    np.testing.assert_allclose(outs.episode_return[trunc], 24.0)
+    np.testing.assert_allclose(outs.episode_return[trunc], 24.0)  # sums of 1.0s: exact
     np.testing.assert_allclose(outs.episode_return[term], 7.0)
     # After a done step the env is freshly reset: bookkeeping zeroed, |q|, |qd| ≤ 0.01, and a new
     # random initial state (not the first one again).
     assert (after.episode_length[done] == 0).all() and (after.episode_return[done] == 0).all()
-    assert (np.abs(after.env_state.obs[done]) <= 0.01).all()
+    assert (np.abs(after.env_state.obs[done]) <= 0.01).all()  # float32 U(±0.01) vs float32(0.01) (NEP 50)
     t, e = np.argwhere(trunc)[0]
-    assert not np.allclose(after.env_state.obs[t, e], before.env_state.obs[0, e])
+    assert not np.allclose(after.env_state.obs[t, e], before.env_state.obs[0, e])  # independent draws
 
 
 def test_matches_raw_brax_step_and_next_obs_is_pre_reset_successor(rollout):
     _, _, _, after, outs, (raw_obs, raw_reward, raw_done) = rollout
-    np.testing.assert_allclose(outs.reward, raw_reward, rtol=1e-6)
+    np.testing.assert_allclose(outs.reward, raw_reward, rtol=1e-6)  # 0/1 rewards, small integer sums: exact
     np.testing.assert_array_equal(outs.terminated, raw_done > 0)
     done = outs.terminated | outs.truncated
-    np.testing.assert_allclose(after.env_state.obs[~done], raw_obs[~done], rtol=1e-6, atol=1e-7)
+    # the same vmapped task.step in two loops of one program: equal but for fusion-dependent FMA
+    # contraction (≲ 1 ulp per op over 2 sub-steps), ≲ 4 ulp(4) ≈ 2e-6 for |obs| ≤ 4.05; the old
+    # rtol 1e-6 / atol 1e-7 were below an ulp: rtol 1e-5, atol 5e-6
+    np.testing.assert_allclose(after.env_state.obs[~done], raw_obs[~done], rtol=1e-5, atol=5e-6)
     # next_obs is the normalised raw successor on every step, reset or not ...
     stats = after.obs_stats  # [STEPS, ...]: count > 0 on every step, so var = m2 / count
     mean, var = stats.mean[:, None], (stats.m2 / stats.count[:, None])[:, None]
     expected = np.clip((raw_obs - mean) / np.sqrt(var + 1e-8), -VENV.obs_clip, VENV.obs_clip)
+    # (x − m)/σ in float32 on both sides: ≲ 4 u·|x − m|/σ plus the few-ulp x above ÷ σ, ≲ 4 u·|x|/σ
+    # with |x|/σ ≲ 10 (σ grows with |x|): ≲ 3e-6, inside atol 1e-5 + rtol 1e-5
     np.testing.assert_allclose(outs.next_obs, expected, rtol=1e-5, atol=1e-5)
     # ... and differs from obs (the reset observation) exactly where the episode ended.
     same = np.all(outs.next_obs == outs.obs, axis=-1)
@@ -104,10 +109,13 @@ def test_matches_raw_brax_step_and_next_obs_is_pre_reset_successor(rollout):
 def test_running_stats_see_first_reset_and_every_successor(rollout):
     state0, obs0, _, after, _, (raw_obs, _, _) = rollout
     assert state0.obs_stats.count == N
-    np.testing.assert_allclose(obs0.mean(0), 0.0, atol=1e-5)  # normalised by its own batch
+    # normalised by its own batch: |mean| ≲ 4 u·max|x|/σ ≈ 1.3e-6 (resets U(±0.01), σ ≥ 0.0018 here)
+    np.testing.assert_allclose(obs0.mean(0), 0.0, atol=1e-5)
     seen = np.concatenate([state0.env_state.obs, raw_obs.reshape(-1, 4)]).astype(np.float64)
     final = jax.tree.map(lambda x: x[-1], after.obs_stats)
     assert final.count == N * (STEPS + 1)
+    # 31 float32 merges: ≲ 31 u relative (2e-6) plus ≲ 5 u·max|x| ≈ 1.2e-6 abs (|x| ≤ 4.05; the positions,
+    # |x| ≤ 0.31, ≲ 1e-7); the variance ≲ 1e-5 relative: rtol 1e-4 / 1e-3
     np.testing.assert_allclose(final.mean, seen.mean(0), rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(final.var, seen.var(0), rtol=1e-3, atol=1e-7)
 

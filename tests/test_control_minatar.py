@@ -70,6 +70,8 @@ def test_cnn_tower_matches_numpy(run):
     params = jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32) * 0.3, run.params)
     obs = rng.integers(0, 2, size=(3, 10, 10, 4)).astype(np.float32)
     policy, value = jax.jit(CONFIG.network().apply)(params, obs)
+    # float32 conv (36 terms) → dense (256) → dense (16), |w| ≈ 0.24: typical √n·u·Σ|terms| errors
+    # ≈ 3e-6, 4e-5, 5e-5 at the outputs (|out| ~ 2), inside atol 1e-4 + rtol 1e-4·|out|
     np.testing.assert_allclose(policy.loc, _numpy_tower(params["params"], obs, "actor"), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(value, _numpy_tower(params["params"], obs, "critic")[:, 0], rtol=1e-4, atol=1e-4)
 
@@ -86,8 +88,9 @@ def test_init_params_conv_kernels_are_orthogonal_with_gain_sqrt2(obs_shape, chan
         kernel = np.asarray(params["params"][f"{tower}_conv_0"]["kernel"], np.float64)
         m = kernel.reshape(-1, kernel.shape[-1])
         gram = m.T @ m if m.shape[0] >= m.shape[1] else m @ m.T
+        # float32 Householder QR: |QᵀQ − I| ≲ m·u = 36·6e-8 ≈ 2e-6, × gain² = 2: ≲ 5e-6 < 1e-5
         np.testing.assert_allclose(gram, 2.0 * np.eye(len(gram)), atol=1e-5)
-        np.testing.assert_array_equal(params["params"][f"{tower}_conv_0"]["bias"], 0.0)
+        np.testing.assert_array_equal(params["params"][f"{tower}_conv_0"]["bias"], 0.0)  # zeros: exact
     a, c = (np.asarray(params["params"][f"{t}_conv_0"]["kernel"]) for t in ("actor", "critic"))
     assert not np.allclose(a, c)  # independent draws per tower
 

@@ -58,12 +58,15 @@ def test_decoupled_with_exact_inference_logits_equals_ppo_clip(seed):
     lp, old, _, adv, mask = random_inputs(seed, stale=1.0)
     loss, metrics = DEFAULT_LOSS(lp, old, old, adv, mask)
     ppo_loss, ppo_metrics = PPO_LOSS(lp, old, adv, mask)
-    np.testing.assert_allclose(loss, ppo_loss, rtol=1e-6, atol=1e-7)
+    # float32, two programs (w = exp(0) = 1 exactly): ≤ 18 terms, mean|ℓ| ≤ 2.3, each sum ≤ 20·u·2.3: ≲ 5.5e-6 apart
+    np.testing.assert_allclose(loss, ppo_loss, rtol=1e-6, atol=1e-5)
+    # elementwise −r·Â/N, no sum: ≤ ~3 roundings apart (≲ 3u ≈ 2e-7 relative); clipped/masked entries exactly 0
     np.testing.assert_allclose(DEFAULT_GRAD(lp, old, old, adv, mask), PPO_GRAD(lp, old, adv, mask), rtol=1e-6,
                                atol=1e-8)
     for key in ("clip_fraction", "clip_fraction_low", "clip_fraction_high", "dual_clip_fraction", "kl_k3", "tv"):
-        np.testing.assert_allclose(metrics[key], ppo_metrics[key], rtol=1e-6, err_msg=key)
-    assert float(metrics["active_token_fraction"]) == 1.0
+        # fractions: exact counts / N; tv, kl_k3: sums of ≤ 18 terms ≥ 0 in two programs, ≤ 2·20·u ≈ 2.4e-6 relative
+        np.testing.assert_allclose(metrics[key], ppo_metrics[key], rtol=5e-6, err_msg=key)
+    assert float(metrics["active_token_fraction"]) == 1.0  # exact: log r_d = 0 keeps every token, N/N = 1
 
 
 @given(seed=st.integers(0, 2**31 - 1))
@@ -77,12 +80,16 @@ def test_decoupled_loss_matches_numpy_formula_and_analytic_gradient(seed):
     obj = np.minimum(rs * adv, np.clip(rs, 0.8, 1.28) * adv)
     obj = np.where(adv < 0, np.maximum(obj, 3.0 * adv), obj)
     n_kept = max(kept.sum(), 1)
-    np.testing.assert_allclose(loss, -(w * obj)[kept].sum() / n_kept, rtol=1e-5, atol=1e-7)
+    # float32 vs float64: ≤ 18 kept terms, mean|w·ℓ| ≤ 2.2 (w ≤ 2, |ℓ| ≤ 3|Â|): ≤ (17 + 5)·u·2.2 ≈ 3e-6
+    np.testing.assert_allclose(loss, -(w * obj)[kept].sum() / n_kept, rtol=1e-5, atol=5e-6)
+    # exact counts (a flag differs only for r_d within ~1e-7 of a bound); count/N in float32: ≤ u ≪ rel 1e-6
     assert float(metrics["active_token_fraction"]) == pytest.approx(kept.sum() / mask.sum())
     assert float(metrics["reject_fraction_token"]) == pytest.approx((mask & ~kept).sum() / mask.sum())
     clipped = ((adv > 0) & (rs > 1.28)) | ((adv < 0) & (rs < 0.8)) | ((adv < 0) & (rs > 3.0))
     expected_grad = np.where(kept & ~clipped, -w * rs * adv / n_kept, 0.0)
+    # float32 elementwise −w·r_s·Â/N (no sum): ≲ 8u ≈ 5e-7 relative ≪ rtol; clipped / rejected entries exactly 0
     np.testing.assert_allclose(DEFAULT_GRAD(lp, old, infer, adv, mask), expected_grad, rtol=1e-4, atol=1e-7)
+    # float32 mean of ≤ 18 log r_d (mean|log r_d| ≲ 0.6): ≤ 19·u·0.6 ≈ 7e-7 absolute < atol 1e-6
     np.testing.assert_allclose(metrics["train_infer/kl_k1"], -np.log(rd)[mask].mean(), rtol=1e-4, atol=1e-6)
 
 
@@ -93,6 +100,7 @@ def test_masked_token_never_changes_decoupled_loss_or_gradient(seed, garbage):
     dirty = [np.where(mask, x, np.float32(garbage)).astype(np.float32) for x in inputs[:-1]] + [mask]
     loss, metrics = DEFAULT_LOSS(*inputs)
     dirty_loss, dirty_metrics = DEFAULT_LOSS(*dirty)
+    # exact: the same compiled program on inputs that are equal once masked entries are replaced by 0
     np.testing.assert_array_equal(loss, dirty_loss)
     for key in metrics:
         np.testing.assert_array_equal(metrics[key], dirty_metrics[key], err_msg=key)
@@ -117,6 +125,7 @@ def test_mis_rules_match_numpy():
     geo = np.exp(seq_log / np.maximum(mask.sum(1, keepdims=True), 1))
     geo_ok = (geo >= 0.8) & (geo <= 1.25)
     cat_ok = ~np.any(mask & (rd < 1e-4), axis=1, keepdims=True)
+    # exact flags: every log r_d, row sum and row mean is ≥ 4.6e-3 (log scale) from a bound here, ≫ float32 rounding
     np.testing.assert_array_equal(rejected["token"], mask & ~token_ok)
     np.testing.assert_array_equal(rejected["sequence_sum"], mask & ~np.broadcast_to(seq_ok, mask.shape))
     np.testing.assert_array_equal(rejected["geometric_mean"], mask & ~np.broadcast_to(geo_ok, mask.shape))
@@ -131,13 +140,15 @@ def test_tis_weights_token_and_sequence():
     mask = rng.random((4, 5)) > 0.2
     w, truncated = truncated_importance_weights(jnp.asarray(log_rd), mask, 1.5, "token")
     rd = np.exp(log_rd.astype(np.float64))
+    # float32 exp of the same float32 log r_d (or of f32 log 1.5): within a few ulp, ≲ 4·2u ≈ 5e-7 < rtol 1e-6
     np.testing.assert_allclose(w, np.where(mask, np.minimum(rd, 1.5), 0), rtol=1e-6)
     np.testing.assert_array_equal(truncated, mask & (rd > 1.5))
     w_seq, _ = truncated_importance_weights(jnp.asarray(log_rd), mask, 1.5, "sequence")
     seq = np.exp(np.where(mask, log_rd, 0).sum(1, keepdims=True))
+    # float32 row sums of ≤ 5 log r_d (Σ|log r_d| ≤ 1.9) in two orders: ≤ 2·4·u·1.9 ≈ 1e-6, then exp (few ulp)
     np.testing.assert_allclose(w_seq, np.where(mask, np.minimum(seq, 1.5), 0), rtol=1e-5)
     w_full, truncated_none = truncated_importance_weights(jnp.asarray(log_rd), mask, math.inf)
-    np.testing.assert_allclose(w_full, np.where(mask, rd, 0), rtol=1e-6)
+    np.testing.assert_allclose(w_full, np.where(mask, rd, 0), rtol=1e-6)  # as above: exp of the same float32
     assert not np.any(truncated_none)
 
 
@@ -151,7 +162,8 @@ def test_staleness_leaking_into_rd_lowers_the_active_fraction():
     adv, mask = f32(rng.normal(size=exact_old.shape)), np.ones(exact_old.shape, bool)
     _, exact_metrics = DEFAULT_LOSS(current, exact_old, infer, adv, mask)
     _, recompute_metrics = DEFAULT_LOSS(current, current, infer, adv, mask)
-    assert float(exact_metrics["active_token_fraction"]) == 1.0
+    assert float(exact_metrics["active_token_fraction"]) == 1.0  # exact: max |log r_d| = 0.14 ≪ log 2 here
+    # log r̂_d ~ N(0, 1): P(|log r̂_d| ≤ log 2) = 0.51; 128 tokens: SE 0.044, so 0.7 is 4.3 SE above
     assert float(recompute_metrics["active_token_fraction"]) < 0.7
 
 
@@ -161,7 +173,7 @@ def test_staleness_leaking_into_rd_lowers_the_active_fraction():
 def test_interpolation_weight():
     v_behav = np.array([[3, 4, 5, 2, 5]], np.int32)
     alpha = interpolation_weight(v_behav, proximal_version=4, current_version=5)
-    np.testing.assert_allclose(alpha, [[0.5, 0.0, 0.0, 2 / 3, 0.0]], rtol=1e-6)
+    np.testing.assert_allclose(alpha, [[0.5, 0.0, 0.0, 2 / 3, 0.0]], rtol=1e-6)  # float32 2/3: ≤ u; others exact
     with pytest.raises(AssertionError):
         interpolation_weight(v_behav.astype(np.float32), 4, 5)
 
@@ -170,11 +182,13 @@ def test_proxy_log_probs_formulas():
     rng = np.random.default_rng(3)
     behav, cur = f32(np.log(rng.uniform(0.05, 0.95, size=(2, 4)))), f32(np.log(rng.uniform(0.05, 0.95, size=(2, 4))))
     alpha = f32(rng.uniform(size=(2, 4)))
+    # float32 both sides, eager: the same sub, mul, add in the same order (≤ 1 ulp apart even if one side fuses)
     np.testing.assert_allclose(loglinear_proximal_log_probs(behav, cur, alpha), behav + alpha * (cur - behav),
                                rtol=1e-6)
     expected = np.log((1 - alpha) * np.exp(behav) + alpha * np.exp(cur))
+    # float32 both: log-space args ≤ 7.3 round at ≲ u·7.3, |result| ≥ 0.55: ≲ 2·u·(7.3 + 4.5 + 6)/0.55 ≈ 4e-6
     np.testing.assert_allclose(linear_proximal_log_probs(behav, cur, alpha), expected, rtol=1e-5)
-    for a in (0.0, 1.0):  # end points are exact
+    for a in (0.0, 1.0):  # end points are exact: logaddexp of x and −inf returns x
         np.testing.assert_allclose(linear_proximal_log_probs(behav, cur, np.float32(a)), behav if a == 0 else cur,
                                    rtol=1e-6)
     # the current policy enters detached
@@ -208,7 +222,8 @@ def widened_ppo_grad(lower, upper):
 
 
 def far_from(bounds, rel=2e-3):
-    """Grid points not within rel of either interval end (the gradient is a step there)."""
+    """Grid points not within rel of either interval end (the gradient is a step there); float32 ratios
+    and ends are within ~1e-6 of exact, so 2e-3 keeps every point on the same side in both computations."""
     r = np.exp(GRID_LOG_R.astype(np.float64))
     return np.all([np.abs(r / b - 1) > rel for b in bounds if 0 < b < np.inf], axis=0)
 
@@ -226,20 +241,23 @@ def test_proposition_1_proxy_equals_ppo_clip_on_total_ratio_with_widened_interva
     grad, _ = proxy_decoupled_grad(proxy_fn, alpha)
     expected = widened_ppo_grad(lower, upper)
     ok = far_from((lower, upper))
+    # float32: w·r_s = r up to ≲ 10 roundings (≲ 6e-7 relative) ≪ rtol; clipped entries are exact 0 on both sides
     np.testing.assert_allclose(grad[ok], expected[ok], rtol=2e-4, atol=1e-9)
     # independent of the loss code: the clipped set is exactly "r outside [L, U] in the direction of A"
     r = np.exp(GRID_LOG_R.astype(np.float64))
     clipped = ((GRID_ADV > 0) & (r > upper)) | ((GRID_ADV < 0) & (r < lower))
     np.testing.assert_array_equal((grad == 0)[ok], clipped[ok])
-    if alpha == 0.0:  # no interpolation: the proxy is π_behav and the interval PPO's own
+    if alpha == 0.0:  # no interpolation: the proxy is π_behav and the interval PPO's own (float32: ≤ few u)
         assert (lower, upper) == pytest.approx((1 - EPS_LOW, 1 + EPS_HIGH))
 
 
 def test_loglinear_interval_is_a_power_of_ppos_and_linear_loses_its_upper_clip():
     lower, upper = loglinear_proxy_clip_interval(EPS_LOW, EPS_HIGH, 0.5)
+    # float32 f32(0.8)², f32(1.28)² via pow: ≲ 5u ≈ 3e-7 relative < the default rel 1e-6
     assert float(lower) == pytest.approx((1 - EPS_LOW) ** 2) and float(upper) == pytest.approx((1 + EPS_HIGH) ** 2)
-    assert loglinear_proxy_clip_interval(EPS_LOW, EPS_HIGH, 1.0) == (0.0, np.inf)
-    # linear: α(1 + ε_high) ≥ 1 ⇒ r_s < 1/α ≤ 1 + ε_high for every r: no upper clip
+    assert loglinear_proxy_clip_interval(EPS_LOW, EPS_HIGH, 1.0) == (0.0, np.inf)  # exact: exponent 1/0 = ∞
+    # linear: α(1 + ε_high) ≥ 1 ⇒ r_s < 1/α ≤ 1 + ε_high for every r: no upper clip (exact, eager float32:
+    # f32(1/1.28) = 0.78125 and 0.78125·f32(1.28) rounds to 1, so the denominator is 0)
     assert float(linear_proxy_clip_interval(EPS_LOW, EPS_HIGH, 1 / (1 + EPS_HIGH))[1]) == np.inf
     assert float(linear_proxy_clip_interval(EPS_LOW, EPS_HIGH, 1.0)[0]) == 0.0
 
@@ -283,7 +301,9 @@ def test_decoupled_loss_works_under_jit_and_vmap():
     fn = functools.partial(decoupled_ppo_loss, config=config)
     batched, metrics = jax.jit(jax.vmap(fn))(*stacked)
     eager, eager_metrics = fn(*inputs[1])
+    # float32, two programs, seed 1: 14 kept terms, mean|w·ℓ| 0.67, w from row sums: ≲ 1.6e-6 < rtol·|loss 0.28|
     np.testing.assert_allclose(batched[1], eager, rtol=1e-5, atol=1e-7)
+    # exact: the same kept count (log r_d ≥ 0.08, row means ≥ 0.45 from ±log 2) over the same N
     np.testing.assert_allclose(metrics["active_token_fraction"][1], eager_metrics["active_token_fraction"])
 
 
@@ -291,6 +311,7 @@ def test_decoupled_gradient_matches_finite_differences():
     """jax.grad vs central differences, away from the clip and mask boundaries."""
     lp, old, infer, adv, mask = random_inputs(4, stale=0.02, discrepancy=0.1, mask_prob=0.0)
     fn = lambda x: decoupled_ppo_loss(x, old, infer, adv, mask, config=DecoupledPPOConfig(clip=CLIP, tis_cap=2.0))[0]
+    # float32 central differences, eps 1e-3: rounding ≲ 20·u·|ℓ|/eps ≈ 1e-3·|ℓ|, truncation ~eps²; kinks ≫ eps away
     check_grads(fn, (jnp.asarray(lp),), order=1, modes=["rev"], atol=1e-2, rtol=1e-2, eps=1e-3)
 
 
@@ -333,7 +354,11 @@ def test_row_split_sums_and_counts_give_the_whole_batch_loss(config, seed):
     whole, split, count_and_active = whole_and_split_losses(config)
     inputs = random_inputs(seed, discrepancy=0.5)
     (value, grad), (split_value, split_grad) = whole(*inputs), split(*inputs)
-    np.testing.assert_allclose(split_value, value, rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(split_grad, grad, rtol=1e-6, atol=1e-7)
+    # float32: a sum of ≤ 18 terms vs two partial sums (mean|w·ℓ| ≤ 3.4): ≤ 2·20·u·3.4 ≈ 8e-6 apart (w's row sums in)
+    np.testing.assert_allclose(split_value, value, rtol=1e-6, atol=1e-5)
+    # elementwise w·ℓ′/N, the same integer N; a sequence w is exp of a row sum of ≤ 6 log r_d (Σ|·| ≤ 5.6) taken in
+    # another order: ≤ 10·u·5.6 + 3u ≈ 3.5e-6 relative; zeros exact
+    np.testing.assert_allclose(split_grad, grad, rtol=5e-6, atol=1e-7)
     count, active = count_and_active(*inputs)
+    # count exact; active = count/N rounded once in float32: ≤ u ≪ rel 1e-6
     assert float(count) == pytest.approx(float(active) * inputs[-1].sum(), rel=1e-6)

@@ -35,6 +35,8 @@ def test_update_is_the_convex_combination_per_leaf_and_keeps_dtypes(seed, beta):
     for r, p, n in zip(jax.tree.leaves(ref.params), jax.tree.leaves(params), jax.tree.leaves(new.params)):
         assert n.dtype == r.dtype and n.shape == r.shape
         expected = beta * np.asarray(r, np.float64) + (1 - beta) * np.asarray(p, np.float64)
+        # float32: f32(β), f32(1 − β), 2 products, 1 sum: ≤ 3u·max(|θ|, |θ_ref|) ≲ 3u·4.5 ≈ 8e-7 (normal leaves);
+        # bfloat16 storage: the cast rounds by ≤ 2⁻⁹ ≈ 2e-3 relative
         tol = 1e-2 if r.dtype == jnp.bfloat16 else 1e-6
         np.testing.assert_allclose(np.asarray(n, np.float64), expected, rtol=tol, atol=tol)
     assert int(new.reset_count) == 0
@@ -45,7 +47,9 @@ def test_update_works_under_jit():
     config = EWMAConfig(beta=0.75)
     jitted, eager = update_jit(ref, params, config), ewma_update(ref, params, config)
     for a, b in zip(jax.tree.leaves(jitted), jax.tree.leaves(eager)):
-        tol = 1e-2 if a.dtype == jnp.bfloat16 else 1e-6  # XLA may fuse into an FMA under jit
+        # XLA may fuse into an FMA under jit: with β = 0.75 (1 − β exact) that skips one rounding of β·θ_ref, ≤ u·3.6
+        # of the result here (|β·θ_ref| + |(1 − β)·θ| ≤ 3.6·|result|) ≈ 2e-7; bf16: ≤ 1 bf16 ulp (≤ 2⁻⁷ ≈ 7.8e-3)
+        tol = 1e-2 if a.dtype == jnp.bfloat16 else 1e-6
         np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64), rtol=tol)
 
 
@@ -54,14 +58,15 @@ def test_default_beta_puts_the_reference_window_versions_behind(window):
     """θ_v = v·c drifting linearly: in steady state θ − θ_ref = β/(1−β)·c = W·c, so the
     EWMA reference sits W versions behind the current parameters (centre of mass W)."""
     config = EWMAConfig.from_staleness(window)
-    assert config.beta == pytest.approx(window / (window + 1))
+    assert config.beta == pytest.approx(window / (window + 1))  # exact: the same float64 expression
     ref = init_ewma_reference({"w": jnp.zeros(())})
     for version in range(1, 400):
         ref = update_jit(ref, {"w": jnp.asarray(float(version))}, config)
+    # float32: each update rounds by ≲ 2u·400 and the EWMA keeps ≤ 1/(1 − β) = W + 1 of them: ≲ 4.8e-5·(W + 1) ≤ 1e-3·W
     np.testing.assert_allclose(399.0 - float(ref.params["w"]), window, rtol=1e-3)
 
 
-def test_beta_rules():
+def test_beta_rules():  # exact: float64 W/(W + 1) etc. against the same float64 values
     assert ewma_beta_from_staleness(4) == pytest.approx(0.8)
     assert ewma_beta_from_staleness(4, "mean_age") == pytest.approx(4 / 6)
     assert ewma_beta_from_staleness(4, "one_minus_inverse") == pytest.approx(0.75)
@@ -114,6 +119,7 @@ def test_bf16_reference_of_fp32_params_rounds_each_mix_and_loses_sub_ulp_steps()
     assert ref16.params["w"].dtype == jnp.bfloat16
     target = {"w": jnp.asarray([1.3, 0.25, -1.0], jnp.float32)}
     new = update_jit(ref16, target, EWMAConfig(beta=0.5))
+    # exact: β = 0.5 makes both products exact, so jit (FMA or not) and eager round the same float32 sum once
     expected = (0.5 * ref16.params["w"].astype(jnp.float32) + 0.5 * target["w"]).astype(jnp.bfloat16)
     assert new.params["w"].dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(new.params["w"]), np.asarray(expected))

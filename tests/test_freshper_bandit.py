@@ -45,6 +45,9 @@ def test_exact_kl_ess_reward_match_enumeration_and_monte_carlo(seed, scale):
     kl = np.sum(b_seq * np.log(b_seq / p_seq))
     ess = 1.0 / np.sum(p_seq**2 / b_seq)
     matched = np.cumprod(seqs == target, axis=1).sum(1) / T
+    # float32 closed forms from the same float32 logits: KL ≲ T·few ulp(|log p| ≲ 2) ≈ 1.5e-6 abs
+    # (< atol + rtol·KL, KL ≳ 0.01); ESS's exp(2 log π − log β), |·| ≲ 18: ≲ 3·4e-6 relative < 1e-4;
+    # the expected reward is products of ≤ 3 probabilities: ≲ 10 u ≈ 6e-7 < 1e-5
     np.testing.assert_allclose(kl_divergence(beta, pi), kl, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(ess_fraction(beta, pi), ess, rtol=1e-4)
     np.testing.assert_allclose(expected_reward(pi, jnp.asarray(target)),
@@ -54,12 +57,13 @@ def test_exact_kl_ess_reward_match_enumeration_and_monte_carlo(seed, scale):
     log_w = np.log(pp[np.arange(T), tokens].prod(1)) - np.log(pb[np.arange(T), tokens].prod(1))
     w = np.exp(log_w)
     n = len(w)
-    assert abs(-log_w.mean() - kl) <= 5 * log_w.std() / math.sqrt(n) + 1e-4
+    assert abs(-log_w.mean() - kl) <= 5 * log_w.std() / math.sqrt(n) + 1e-4  # 5 SE; 1e-4 for the SE's own error
     # ESS/n = (E w)²/E w² with E w = 1 and E w² = 1/ESS; the tolerances are 6 exact standard
     # errors of the two sample means (E w⁴ by enumeration: the tail of w is heavy).
     second, fourth = 1.0 / ess, np.sum(p_seq**4 / b_seq**3)
     assert abs(w.mean() - 1.0) <= 6 * math.sqrt((second - 1.0) / n)
     assert abs(np.mean(w**2) - second) <= 6 * math.sqrt((fourth - second**2) / n)
+    # k/3 in float32 vs float64: ≤ u/2 ≈ 3e-8 relative, inside the default rtol 1e-7
     np.testing.assert_allclose(
         np.asarray(sequence_rewards(jnp.asarray(tokens[:50]), jnp.asarray(target))),
         np.cumprod(tokens[:50] == target, axis=1).sum(1) / T)
@@ -67,6 +71,7 @@ def test_exact_kl_ess_reward_match_enumeration_and_monte_carlo(seed, scale):
 
 def test_fit_ess_time_constant_recovers_an_exponential():
     ages = np.arange(200)
+    # a float64 log-linear fit of an exact exponential: ~1e-14 off, inside rel 1e-6
     assert fit_ess_time_constant(ages, np.exp(-ages / 17.0)) == pytest.approx(17.0, rel=1e-6)
     assert fit_ess_time_constant(ages, np.ones(200)) == math.inf
 
@@ -124,6 +129,7 @@ def test_authors_per_inserts_at_max_and_refreshes_only_sampled_items():
         unsampled = np.setdiff1d(np.arange(16), sampled)
         np.testing.assert_array_equal(np.asarray(refreshed[v])[unsampled],
                                       np.asarray(inserted[v])[unsampled])
+        # |r| + ε: one correctly rounded float32 add on both sides (NEP 50): equal, default rtol 1e-7
         np.testing.assert_allclose(np.asarray(refreshed[v])[sampled],
                                    np.abs(np.asarray(sample.experience["reward"][v])) + 1e-6)
     # Refreshing really happened somewhere (priorities left the running max).
@@ -138,6 +144,9 @@ def test_freshper_with_infinite_tau_equals_per_exactly():
     versions = np.arange(0, 3000, 500)
     fresh = _replay_trace(CONFIG, hp, versions, tau=math.inf)
     per = _replay_trace(per_config, hp, versions)
+    # exact by construction, though two programs: the keys α log p + 0·Δt equal PER's also as an FMA,
+    # no item is floored (p ≥ 1e-6 > f, so F·n_f = 0), the trees are adds only and every other float
+    # is the same elementwise op on the same value (no multiply-add left to contract differently)
     for x, y in zip(jax.tree.leaves(fresh), jax.tree.leaves(per)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
@@ -155,7 +164,7 @@ def test_zero_gradient_replay_step(replay_optimizer, moves):
     after, _, _ = apply_update(hp, params, opt, replay_opt, jnp.zeros_like(grads), 2)
     assert (not np.array_equal(after, params)) == moves
     none, _, _ = apply_update(hp, params, opt, replay_opt, grads, 0)
-    np.testing.assert_array_equal(none, params)
+    np.testing.assert_array_equal(none, params)  # no update: exact
 
 
 # ------------------------------------------------------------------------- the experiment
@@ -180,6 +189,7 @@ def test_ci_scale_writes_its_files(ci_run):
     rows = list(csv.DictReader(open(out / "runs.csv")))
     scale = module.SCALES["ci"]
     assert len(rows) == 9 * scale.num_seeds * len(scale.learning_rates)
+    # a mean of products of probabilities ≤ 1 divided by T: monotone float rounding keeps it in [0, 1]
     assert all(0.0 <= float(r["final_expected_reward"]) <= 1.0 for r in rows)
 
 

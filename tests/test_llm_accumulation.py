@@ -90,9 +90,14 @@ def test_the_batch_rejects_different_token_counts_per_row(batch):
         assert len(np.unique(per_row)) > 2, (name, per_row)
 
 
+# a weight whose gradient is not at rounding level differs by lr·Δd, Δd ≲ 1e-5: ≤ 1e-8 ≪ atol
 def _outside_tolerance(a, b, rtol=1e-5, atol=1e-6):
     return np.abs(b - a) > atol + rtol * np.abs(a)
 
+
+# metrics are token means (≤ their largest term) of |A·r| ≲ 5 × |Δ log p| ≲ 2·√5000·u·Σ|terms| (≲ 2)
+# ≈ 2e-5 per token; counts (clip, MIS) change only if a ratio is within that of a bound: risk noted
+METRIC_ATOL = 1e-4
 
 # Each case compiles its programs (~10 s each on a loaded 2-core machine): the default run
 # covers every loss once; the rest of the M ∈ {2, 4} product is marked slow.
@@ -109,14 +114,15 @@ def test_accumulated_gradient_equals_the_unsplit_gradient(params, batch, name, m
     reference, ref_metrics = jax.jit(jax.grad(lambda p: policy_loss(
         p, batch, config=config, model_config=MODEL), has_aux=True))(params)
     scale = max(np.abs(g).max() for g in _leaves(reference))
-    assert scale > 1e-3
+    assert scale > 1e-3  # not a vanishing gradient: the scale-relative atol below is not ~0
     grads, metrics = _gradient(params, batch, dataclasses.replace(config,
                                                                   grad_accumulation_steps=m))
     for a, b in zip(_leaves(reference), _leaves(grads)):
-        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6 * scale)
+        # other micro-batch shapes, other programs: √(2·5000 chained terms)·u ≈ 6e-6 of the scale
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5 * scale)
     assert set(metrics) == set(ref_metrics)
     for key, value in ref_metrics.items():
-        np.testing.assert_allclose(float(metrics[key]), float(value), rtol=1e-5, atol=1e-7,
+        np.testing.assert_allclose(float(metrics[key]), float(value), rtol=1e-5, atol=METRIC_ATOL,
                                    err_msg=key)
 
 
@@ -132,7 +138,7 @@ def test_averaging_micro_batch_means_is_not_the_minibatch_gradient(params, batch
     naive = jax.tree_util.tree_map(lambda *g: sum(g) / len(g),
                                    *[grad_mean(params, b) for b in pairs])
     naive_error = max(np.abs(a - n).max() for a, n in zip(_leaves(reference), _leaves(naive)))
-    assert naive_error > 1e-2 * scale, naive_error
+    assert naive_error > 1e-2 * scale, naive_error  # 10^3 × the rounding bound above
 
 
 @pytest.fixture(scope="module")
@@ -165,5 +171,5 @@ def test_accumulated_update_equals_the_unsplit_update(params, batch, unsplit_upd
     assert outside < 1e-3 * total, (outside, total)
     assert set(metrics) == set(ref_metrics)
     for key, value in ref_metrics.items():  # every metric, not only the token means
-        np.testing.assert_allclose(float(metrics[key]), float(value), rtol=1e-5, atol=1e-6,
-                                   err_msg=key)
+        np.testing.assert_allclose(float(metrics[key]), float(value), rtol=1e-5,
+                                   atol=METRIC_ATOL, err_msg=key)

@@ -160,6 +160,7 @@ def test_step_agrees_with_the_python_reference(name, seed, kind):
         assert (bool(info["format_ok"]), bool(info["success"])) == (format_ok, success), \
             (act.__name__, prompt, answer, eos)
         expected = 1.0 if success else (0.0 if format_ok else -env.format_penalty)
+        # a float32 task constant: ≤ 6e-8 relative ≪ approx's default rel 1e-6
         assert float(reward) == pytest.approx(expected) and bool(done)
 
 

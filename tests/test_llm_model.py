@@ -28,6 +28,7 @@ def test_logits_match_transformers_reference(folder):
     valid = ref["attention_mask"].astype(bool)
     err = np.abs(np.asarray(logits) - ref["logits"])[valid]
     assert np.abs(ref["logits"]).max() > 1.0  # the comparison is not between near-zero logits
+    # torch vs XLA: √(1100 chained terms)·u ≈ 2e-6 of |logits| ≤ 5, + few-ulp exp/rsqrt: ≈ 2e-5
     assert err.max() < 1e-4, err.max()
 
 
@@ -47,6 +48,7 @@ def test_bf16_safetensors_load(tmp_path):
                                                                               config).items()}
     write_safetensors(str(tmp_path / "model.safetensors"), tensors)
     loaded = params_from_hf_tensors(read_safetensors(str(tmp_path / "model.safetensors")), config)
+    # one bf16 rounding: ≤ u_bf16 = 2^-8 ≈ 4e-3 relative
     np.testing.assert_allclose(loaded["norm"]["weight"], params["norm"]["weight"], rtol=1e-2)
 
 
@@ -107,7 +109,8 @@ def test_padding_does_not_change_valid_logits():
     mask = jnp.arange(9)[None] >= 3
     positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
     padded, _ = model.apply({"params": params}, padded_tokens, positions, mask)
-    np.testing.assert_allclose(padded[:, 3:], plain, atol=1e-5)
+    # 9 vs 6 positions, two programs: √(5000 chained terms)·u ≈ 4e-6 of Σ|terms| ≲ 2 → 8e-6, 2×
+    np.testing.assert_allclose(padded[:, 3:], plain, atol=2e-5)
 
 
 def _small(num_layers):
@@ -161,11 +164,13 @@ def test_scanned_and_remat_model_equals_the_unrolled_layers():
     reference = unrolled(params)
     reference_grads = jax.grad(lambda p: jnp.sum(jnp.sin(unrolled(p))))(params)
     for remat in (False, True):
+        # scan vs eager layers: √(440 chained terms)·u ≈ 1.3e-6 of Σ|terms| ≲ 0.4 → 5e-7
         np.testing.assert_allclose(scanned(params, remat), reference, rtol=1e-5, atol=1e-6)
         grads = jax.grad(lambda p: jnp.sum(jnp.sin(scanned(p, remat))))(params)
         for a, b in zip(jax.tree_util.tree_leaves(grads),
                         jax.tree_util.tree_leaves(reference_grads)):
-            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+            # backward: √(2·440 terms · 10 tokens)·u ≈ 6e-6 of the leaf's scale (3e-3 … 29)
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=max(1e-6, 1e-5 * np.abs(b).max()))
 
 
 def test_head_options_keep_the_logits():
@@ -177,6 +182,7 @@ def test_head_options_keep_the_logits():
     every, _ = model.apply({"params": params}, tokens, positions, mask)
     last, _ = model.apply({"params": params}, tokens, positions, mask, logits_for="last")
     hidden, _ = model.apply({"params": params}, tokens, positions, mask, logits_for="none")
+    # same backbone ops; norm and head re-sum 16 terms for this shape: ≤ 2·16·u·0.4 ≈ 8e-7
     np.testing.assert_allclose(last, every[:, -1:], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(model.apply({"params": params}, hidden, method=Qwen2LM.logits),
                                every, rtol=1e-6, atol=1e-6)

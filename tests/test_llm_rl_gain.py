@@ -37,6 +37,7 @@ def test_ci_scale_records_paired_held_out_gains(ci_study):
     (row,) = rows
     table = list(csv.DictReader(open(out / "gain.csv")))
     assert len(table) == 1 and int(table[0]["seeds"]) == 2
+    # float64 host values (CSV repr is exact): one mean of 2 numbers, ≤ 1 ulp < default rtol 1e-7
     np.testing.assert_allclose(float(table[0]["gain"]), np.mean([r["gain"] for r in records]))
     assert len(list(csv.DictReader(open(out / "curves.csv")))) == 2 * 2
     throughput = list(csv.DictReader(open(out / "throughput.csv")))
@@ -74,6 +75,7 @@ def test_summarize_matches_numpy(load_experiment):
         gains = np.array([r["gain"] for r in records
                           if (r["task"], r["learning_rate"]) == (row["task"], row["learning_rate"])])
         mean, low, high = seed_interval(gains)
+        # float64 host arithmetic on the same 5 values: a few ulps ≪ default rtol 1e-7 / rel 1e-6
         np.testing.assert_allclose([row["gain"], row["gain_ci_low"], row["gain_ci_high"]], [mean, low, high])
         assert row["seeds"] == 5 and row["train_minutes_per_run"] == pytest.approx(3.0)
 

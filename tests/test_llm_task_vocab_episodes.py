@@ -53,7 +53,7 @@ def test_expert_episodes_succeed_and_read_as_the_char_text(name):
     char, bpe = (jax.jit(lambda k, e=e: run_episodes(e, expert_policy(e), k, 4))(
         jax.random.PRNGKey(3)) for e in (char_env, env))
     assert bool(bpe.success.all()) and bool((bpe.format_ok | ~bpe.turn_mask).all())
-    np.testing.assert_allclose(bpe.rewards, char.rewards)
+    np.testing.assert_allclose(bpe.rewards, char.rewards)  # the same float32 constants: exact
     tokens = np.asarray(bpe.tokens)
     for i in range(4):
         messages = transcript_messages(np.asarray(char.tokens[i]), np.asarray(char.mask[i]),

@@ -21,6 +21,8 @@ from fresh_rl.llm.tasks.base import TextEnv
 from fresh_rl.llm.tokenizer import CHAR_TOKENIZER as TOK
 
 EOS = TOK.eos_id
+# pytest.approx(reward) below: a float32 sum of ≤ 3 decimal task constants, ≤ 2 roundings
+# (1.2e-7 relative) ≪ approx's default rel 1e-6
 
 
 def decode(tokens, length):
@@ -241,7 +243,7 @@ def test_sokoban_rewards_match_reference_simulator():
             solved = new_boxes == ref.targets
             expected = -0.1 + delta + 10.0 * solved
             obs, n, state, r, done, info = step(state, *action(env, m))
-            assert float(r) == pytest.approx(expected, abs=1e-5)
+            assert float(r) == pytest.approx(expected, abs=1e-5)  # float32, |r| ≤ 11: ≤ 2u·11 ≈ 1.3e-6
             grid = RefSokoban(parse_grid(decode(obs, n)))
             assert grid.player == new_player and grid.boxes == new_boxes
             assert bool(done) == (solved or t + 1 == env.max_turns)

@@ -60,13 +60,15 @@ def test_engine_discrepancy_matches_the_configured_mean(target, num_actions, sha
     acting = olt.make_inference_engine(target, max_logit_noise=1.0)(policy, jax.random.PRNGKey(1))
     actions = networks.sample(jax.random.PRNGKey(2), acting)
     gap = jnp.abs(networks.log_prob(policy, actions) - networks.log_prob(acting, actions))
+    # n = 4·10⁴ half-normal-like |gaps| (CV ≈ 0.76): SE ≈ 0.4% of the mean, so 10% is ≥ 20 SE and
+    # bounds the first-order κ's own calibration error; float32 log π (≲ 1e-6) is ≪ 1% of 0.01
     assert abs(float(jnp.mean(gap)) / target - 1.0) < 0.10
 
 
 def test_engine_is_exact_at_zero_discrepancy():
     policy = networks.PolicyOutput(loc=jax.random.normal(jax.random.PRNGKey(0), (8, 3)))
     acting = olt.make_inference_engine(0.0, 1.0)(policy, jax.random.PRNGKey(1))
-    np.testing.assert_array_equal(acting.loc, policy.loc)
+    np.testing.assert_array_equal(acting.loc, policy.loc)  # σ = 0 exactly: z + 0·ε = z bit for bit
 
 
 def _stale_state(config, pushes=WINDOW + 2):
@@ -107,12 +109,16 @@ def test_snapshot_and_old_logit_model_equal_the_acting_versions_log_probs():
         direct.append(networks.log_prob(policy, batch.action[e]))
     direct = np.stack(direct)
     snapshot = olt.snapshot_log_probs(config, state.ring, batch)
-    np.testing.assert_allclose(snapshot, direct, rtol=0, atol=1e-6)
-    np.testing.assert_allclose(batch.train_log_prob, direct, rtol=0, atol=1e-6)
+    # forwards of other shapes and programs (eager per row, the route's batched one, the rollout's
+    # per-step one): (64, 64) float32 layers with |w| ≲ 1.3, |logits| ≲ 2.5 reorder their sums, a few
+    # ulp(2.5) ≈ 1e-6 typical (the old atol 1e-6 was at it): atol 1e-5, the versions differ by > 1e-2
+    np.testing.assert_allclose(snapshot, direct, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(batch.train_log_prob, direct, rtol=0, atol=1e-5)
     policy, _ = net.apply(state.params, batch.obs)
     current = networks.log_prob(policy, batch.action)
     assert np.max(np.abs(np.asarray(current) - direct)) > 1e-2  # the versions do differ
-    # the behaviour log-probs are the engine's, not the clean ones: |log r_d| near the target
+    # the behaviour log-probs are the engine's, not the clean ones: |log r_d| near the target (64
+    # samples: SE ≈ 0.76/√64 ≈ 10% of the mean, so [0.5, 2]·d is ≥ 5 SE either side)
     assert 0.5 * config.discrepancy < float(jnp.mean(jnp.abs(batch.behaviour_log_prob - direct))) < 2 * config.discrepancy
 
 
@@ -124,7 +130,7 @@ def test_random_delays_have_the_configured_distribution():
     lags = np.asarray(states.ring.latest_version[:, None] - batches.version[:, :, 0]).ravel()
     counts = np.bincount(lags, minlength=WINDOW + 1)
     assert counts.size == WINDOW + 1
-    assert stats.chisquare(counts).pvalue > 1e-3
+    assert stats.chisquare(counts).pvalue > 1e-3  # fixed keys: a 0.1% false alarm for a uniform sampler
     # every step of a row carries its group's version
     assert np.all(np.asarray(batches.version) == np.asarray(batches.version[:, :, :1]))
 
@@ -153,6 +159,8 @@ def test_ewma_with_beta_zero_equals_recompute_current(route_runs):
     """β = 0 makes θ_ref the last learner version, i.e. θ_k at every batch start: the run equals
     recompute_current's (same key)."""
     ewma, current = _row(route_runs, "ewma_no_reset", 1), _row(route_runs, "recompute_current")
+    # β = 0 makes θ_ref = 1·θ_k + 0·θ_ref = θ_k exactly; the rows differ only by how XLA fuses the two
+    # routes' forwards (≲ 1e-6 in log π), carried by Adam's scale-free steps: rtol 1e-5, atol 1e-6
     for k in ("episode_return", "loss/active_token_fraction", "loss/log_rd_abs", "loss/entropy"):
         np.testing.assert_allclose(ewma[k], current[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
@@ -161,13 +169,18 @@ def test_exact_routes_keep_the_mask_and_recompute_current_loses_it(route_runs):
     """At W = 4 the engine's |log r_d| is the configured 0.02 for every route; the exact routes see
     it as their |log r̂_d| and keep ≥ 97% of the samples, recompute_current sees the staleness too
     and masks more; the proxies' r̂_d is a power of the mixed ratio, not the engine's."""
+    # 8 iterations × 64 samples: SE ≈ 0.76/√512 ≈ 3.4% of the mean, plus the engine's first-order
+    # calibration (a few %, test above); the old 10% was < 3 SE of room: 15% = 4 SE + 1.5%
     for name in olt.BUILTIN_ROUTES:
-        assert abs(_row(route_runs, name)["old_logits/log_rd_abs_true"].mean() / 0.02 - 1) < 0.1, name
+        assert abs(_row(route_runs, name)["old_logits/log_rd_abs_true"].mean() / 0.02 - 1) < 0.15, name
     for name in ("snapshot", "old_logit_model"):
         row = _row(route_runs, name)
-        assert abs(row["loss/log_rd_abs"].mean() / 0.02 - 1) < 0.1
+        assert abs(row["loss/log_rd_abs"].mean() / 0.02 - 1) < 0.15
+        # the mask bound |log r| ≤ 0.1 is 4 sd of the engine's |log r_d| (mean 0.02): ≲ 1% masked
         assert row["loss/active_token_fraction"].mean() > 0.97
     current = _row(route_runs, "recompute_current")
+    # lags ≤ 4 add a staleness |log r| ≈ 0.1 (5× the engine's 0.02), at the mask bound: ~30% masked,
+    # far more than the 0.05 asked
     assert current["loss/active_token_fraction"].mean() < _row(route_runs, "snapshot")["loss/active_token_fraction"].mean() - 0.05
     assert current["old_logits/staleness_log_ratio_abs"].mean() > 0.02
 
@@ -181,6 +194,7 @@ def test_route_costs_and_resets(route_runs):
     snapshot = _row(route_runs, "snapshot")["old_logits/forwards"]
     assert snapshot.min() >= 1 and snapshot.max() <= TINY.num_actor_groups and snapshot.max() > 1
     always = _row(route_runs, "ewma", 1)
+    # threshold 1 resets on any masked sample, and stale batches mask ~30% of 64: nearly every iteration
     assert always["ewma_reset_count"] == always["old_logits/reset"].sum() >= TINY.num_iterations // 2
     assert _row(route_runs, "ewma_no_reset")["ewma_reset_count"] == 0
     table = {r["route"]: r["param_copies"] for r in olt.route_table(WINDOW, TINY.num_actor_groups)}
@@ -199,6 +213,8 @@ def test_a_new_route_is_one_registry_entry():
         hp = olt.OldLogitHParams.from_grid(config, 2, routes=["toy_current", "recompute_current"])
         out = jax.jit(jax.vmap(olt.train, (None, 0, 0)), static_argnums=0)(
             config, jnp.broadcast_to(jax.random.PRNGKey(1), (2, 2)), hp)
+        # both rows run the same route function with the same key in one program; episode returns
+        # are integer sums, equal unless a last-ulp difference flips an action
         np.testing.assert_array_equal(out["episode_return"][0], out["episode_return"][1])
     finally:
         olt.ROUTES.pop("toy_current")
@@ -207,6 +223,7 @@ def test_a_new_route_is_one_registry_entry():
 def test_mask_bounds_default_is_loose_for_the_engine():
     bounds = olt.DEFAULT_MIS.token_bounds
     assert isinstance(olt.DEFAULT_MIS, MISConfig)
+    # log(exp(±0.1)) in float64: ~1e-17 off, inside approx's rel 1e-6
     assert math.log(bounds[1]) == pytest.approx(0.1) and math.log(bounds[0]) == pytest.approx(-0.1)
 
 
@@ -248,6 +265,7 @@ def test_experiment_writes_every_route_verdict_and_cost(ci_run):
     assert {c["route"] for c in costs} == set(olt.BUILTIN_ROUTES)
     assert all(float(c["ms_per_run_iteration"]) > 0 for c in costs)
     engine = [float(r["log_rd_abs_engine"]) for r in summary]
+    # 3 seeds × 20 iterations × 256 samples: SE ≈ 0.76/√15360 ≈ 0.6%, so 10% is 16 SE + calibration
     assert all(abs(x / 0.02 - 1) < 0.1 for x in engine)
     resets = _read(out / "reset.csv")
     assert {r["ewma_beta_rule"] for r in resets} == {"mean_age", module.SLOW_REFERENCE_RULE}
@@ -275,6 +293,7 @@ def test_slow_reference_stage_differs_only_in_beta(ci_run):
                          if r["ewma_beta_rule"] == rule and r["threshold"] == "none"])
 
     centred, slow = active("mean_age"), active(module.SLOW_REFERENCE_RULE)
+    # fractions of kept samples (counts): equal unless a log-ratio lies within rounding of the bound
     assert centred.shape == slow.shape and centred[0] == slow[0]
     assert np.any(centred[1:] != slow[1:])
 

@@ -126,6 +126,8 @@ def test_sampling_distribution_matches_numpy_reference(mode, fanout):
         rebases += int(state.reference_version) != 0 and version == int(state.reference_version)
     now = 11
     expected = reference.probabilities(now)
+    # float32 keys exp(α log p + (α/τ)Δt), |exponent| ≲ 3: ≲ 10 u; a pairwise sum of ≤ 24 positive
+    # leaves ≲ 5 u; one division: ≲ 1e-6 relative, rtol 2e-5 leaves 20×; atol only for the exact zeros
     np.testing.assert_allclose(
         np.asarray(buffer.sampling_probabilities(state)), expected, rtol=2e-5, atol=1e-7
     )
@@ -138,19 +140,22 @@ def test_sampling_distribution_matches_numpy_reference(mode, fanout):
     assert counts[expected == 0].sum() == 0
     support = expected > 0
     chi2 = stats.chisquare(counts[support], expected[support] * counts.sum())
+    # fixed key: under a correct sampler p ~ U(0, 1), so 1e-3 is a 0.1% false alarm; rounding moves
+    # only draws within a few ulp of a boundary (≈ 1e-6 of them), not the statistic
     assert chi2.pvalue > 1e-3, (chi2, counts, expected)
 
     # Reported probabilities, ages and weights of the sampled rows equal the reference.
     first = jax.tree.map(lambda x: x[0], samples)
     idx = np.asarray(first.indices)
-    np.testing.assert_allclose(np.asarray(first.probabilities), expected[idx], rtol=2e-5)
-    np.testing.assert_array_equal(np.asarray(first.age), now - reference.version[idx])
+    np.testing.assert_allclose(np.asarray(first.probabilities), expected[idx], rtol=2e-5)  # as above
+    np.testing.assert_array_equal(np.asarray(first.age), now - reference.version[idx])  # integers
+    # w = exp(−β(log u_i − log u_min)) with |log u| ≲ 3 stored directly: ≲ 10 u relative, rtol 2e-5
     np.testing.assert_allclose(
         np.asarray(first.importance_weights),
         reference.weights(idx, now, config.importance_exponent) if mode != "uniform" else 1.0,
         rtol=2e-5,
     )
-    # Stored experience comes back with the item.
+    # Stored experience comes back with the item (a gather of stored floats: exact).
     np.testing.assert_array_equal(
         np.asarray(first.experience["obs"][:, 0, 0]), reference.version[idx].astype(np.float32)
     )
@@ -201,6 +206,8 @@ def test_freshper_equals_eager_formula_over_1e5_versions(fanout):
         base = np.asarray(state.base_priority, np.float64)
         eager = np.where(valid, (base * np.exp(-age / config.age_decay_tau)) ** 0.6, 0.0)
         eager_p = eager / eager.sum()
+        # exponents up to rebase_exponent = 30 in float32: (α/τ)·Δt rounds by ≲ 2 u·30 ≈ 4e-6 (plus
+        # exp, log and a 64-leaf sum, ≲ 10 u): ≲ 6e-6 relative, rtol 1e-4; no slot is empty or floored
         np.testing.assert_allclose(
             np.asarray(buffer.sampling_probabilities(state)), eager_p, rtol=1e-4, atol=1e-9
         )
@@ -209,6 +216,7 @@ def test_freshper_equals_eager_formula_over_1e5_versions(fanout):
         n = valid.sum()
         w = (n * eager_p) ** -0.5
         expected_w = w[idx] / w[valid & (eager_p > 0)].max()
+        # log-key differences carry ≲ 2·4e-6 (as above), × β = 0.5, through exp: ≲ 5e-6, rtol 1e-4
         np.testing.assert_allclose(np.asarray(s.importance_weights), expected_w, rtol=1e-4)
     assert now >= total_versions - add_every
     assert len(rebased_at) > 3, "t_ref must have been rebased several times"
@@ -221,20 +229,23 @@ def test_per_is_freshper_without_decay_and_uniform_ignores_priorities():
     state = per.add(state, make_batch(4, 0.0), 1000)  # age is irrelevant without decay
     state = per.set_priorities(state, jnp.arange(8), jnp.arange(1.0, 9.0))
     expected = np.arange(1.0, 9.0) ** 0.6
-    np.testing.assert_allclose(per.sampling_probabilities(state), expected / expected.sum(), rtol=1e-6)
+    # keys exp(α log p), |log p| ≤ 2.1: log's ulp (4 u) ×α, α's float32 rounding and exp: ≲ 9 u each;
+    # root and division ≲ 4 u: ≲ 22 u ≈ 1.3e-6 worst case (the old 1e-6 was below it): rtol 5e-6
+    np.testing.assert_allclose(per.sampling_probabilities(state), expected / expected.sum(), rtol=5e-6)
 
 
 def test_new_items_get_running_max_priority():
     buffer = make_trajectory_buffer(ReplayConfig(capacity=8, sample_batch_size=2, sampling="per",
                                                  priority_exponent=1.0))
     state = buffer.add(buffer.init(example_item()), make_batch(2, 0.0), 0)
-    assert np.allclose(state.base_priority[:2], 1.0)  # initial max priority is 1
+    assert np.allclose(state.base_priority[:2], 1.0)  # initial max priority is 1 (copied: exact)
     state = buffer.set_priorities(state, jnp.array([0, 1]), jnp.array([5.0, 0.5]))
     state = buffer.add(state, make_batch(2, 0.0), 1)
-    np.testing.assert_allclose(state.base_priority[:4], [5.0, 0.5, 5.0, 5.0])
+    np.testing.assert_allclose(state.base_priority[:4], [5.0, 0.5, 5.0, 5.0])  # copies: exact
     given = make_trajectory_buffer(ReplayConfig(capacity=8, sample_batch_size=2, sampling="per",
                                                 new_item_priority="given"))
     state = given.add(given.init(example_item()), make_batch(2, 0.0), 0, jnp.array([0.3, 0.7]))
+    # stored as float32(0.3), float32(0.7): < u ≈ 6e-8 from 0.3, 0.7, within the default rtol 1e-7
     np.testing.assert_allclose(state.base_priority[:2], [0.3, 0.7])
     with pytest.raises(ValueError, match="priorities are required"):
         given.add(state, make_batch(2, 0.0), 0)
@@ -286,6 +297,7 @@ def test_importance_weight_normalisation(normalization, fanout):
     w = (6 * p[np.asarray(s.indices)]) ** -0.5
     # The zero-priority slot is never sampled and never sets the normaliser.
     expected = w / ((6 * p[0]) ** -0.5 if normalization == "buffer" else w.max())
+    # exp(−0.5(log u_i − log u_min)), |log u| ≤ log 5: ≲ 5 u; "batch" re-takes log(exp(·)): ≲ 8 u ≈ 5e-7
     np.testing.assert_allclose(s.importance_weights, expected, rtol=1e-6)
 
 
@@ -299,6 +311,7 @@ def test_rebase_preserves_probabilities(fanout):
         state = buffer.add(state, make_batch(2, 0.0), v)
     before = np.asarray(buffer.sampling_probabilities(state))
     after = np.asarray(buffer.sampling_probabilities(buffer.rebase(state, 70)))
+    # keys recomputed with exponents |α Δt/τ| ≤ 4.2 on each side: ≲ 15 u each, ≲ 2e-6 apart; rtol 1e-5
     np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-12)
 
 
@@ -373,6 +386,8 @@ def test_jit_fallback_skips_bad_writes_and_masks_unsatisfiable_samples():
     state = jax.jit(buffer.set_priorities)(
         state, jnp.array([0, 1, 9, 7]), jnp.array([np.nan, -2.0, 1.0, 1.0])
     )
+    # exact: every write is rejected, the leaves are untouched and the parents are re-derived by
+    # the same IEEE pairwise adds (no multiply, no reassociation), so the root is the same float
     np.testing.assert_array_equal(buffer.sampling_probabilities(state), before)
     assert int(state.num_rejected_writes) == 4
     big = make_trajectory_buffer(ReplayConfig(capacity=8, sample_batch_size=8))
@@ -413,7 +428,9 @@ def test_vmap_over_independent_buffers_matches_a_loop():
     batched_state, batched_sample = jax.jit(jax.vmap(run))(keys)
     for i in range(seeds):
         state_i, sample_i = jax.jit(run)(keys[i])
-        jax.tree.map(lambda a, b: np.testing.assert_allclose(a[i], b, rtol=1e-6),
+        # two XLA programs: log/exp may differ by ≤ 2 ulp each (vector vs scalar code, FMA), ≲ 9 u per
+        # key, ≲ 20 u ≈ 1.2e-6 per probability (the old 1e-6 was below it): rtol 5e-6
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a[i], b, rtol=5e-6),
                      (batched_state, batched_sample), (state_i, sample_i))
 
 
@@ -434,6 +451,7 @@ def test_donated_state_gives_the_same_result():
         key = jax.random.key(v)
         a = donated(a, key, v)
         b = plain(b, key, v)
+    # exact: donation only adds an input-output alias to the same HLO (buffer reuse, no arithmetic)
     jax.tree.map(np.testing.assert_array_equal, a, b)
 
 
@@ -456,7 +474,9 @@ def test_magnitude_priority_matches_numpy(values, mask, reduction):
         "max": [x.max() if x.size else 0.0 for x in mags],
         "sum": [x.sum() for x in mags],
     }[reduction]
+    # float32 sums/means of ≤ 4 magnitudes in either order: ≲ 4 u each side, ≲ 5e-7; rtol 1e-5
     np.testing.assert_allclose(got, np.asarray(ref) + 1e-6, rtol=1e-5)
+    # |v| + ε: one correctly rounded float32 add on both sides (NEP 50): equal; default rtol 1e-7
     np.testing.assert_allclose(magnitude_priority(v[:, 0]), np.abs(v[:, 0]) + 1e-6)
     assert np.all(got > 0)
 
@@ -505,6 +525,8 @@ def test_set_age_decay_tau_equals_a_buffer_built_with_that_tau(tau, priorities):
     reference.add(8, 0)
     reference.version[:] = np.repeat(3 * np.arange(4), 2)
     reference.set_priorities(range(8), np.asarray(priorities))
+    # float32 exponents |α ln p + (α/τ)Δt| ≲ 20 (α ln 1e-6 ≈ −8, α·9/τ ≤ 11): ≲ 40 u ≈ 2.4e-6 per side,
+    # also for the τ = ∞ comparison below: rtol 2e-5; atol only for zero slots
     np.testing.assert_allclose(start.sampling_probabilities(switched),
                                reference.probabilities(now=9), rtol=2e-5, atol=1e-7)
     np.testing.assert_allclose(start.sampling_probabilities(switched),
@@ -527,6 +549,7 @@ def test_set_age_decay_tau_rejects_bad_tau(bad):
         buffer.set_age_decay_tau(state, bad)
     before = np.asarray(buffer.sampling_probabilities(state))
     skipped = jax.jit(buffer.set_age_decay_tau)(state, bad)
+    # the skip still rebases (keys exp(∓0.84) instead of exp(±0.84)): ≲ 10 u ≈ 6e-7 apart, rtol 1e-6
     np.testing.assert_allclose(buffer.sampling_probabilities(skipped), before, rtol=1e-6)
     assert int(skipped.num_rejected_writes) == 1
     checked_buffer, _ = _small_prioritized(age_decay_tau=5.0, jit_checks=True)

@@ -67,12 +67,15 @@ def test_floor_probabilities_and_weights_match_eager_formula(programs, tau, step
     base = np.asarray(state.base_priority, np.float64)
     version = np.asarray(state.insert_version, np.float64)
     eager = _eager(floor, tau, base, version, versions[-1])
+    # float32 log keys and log F of |x| ≲ 17 (α ln f ≥ −11, rebase at 5) with τ rounded to float32:
+    # ≲ 50 u each, ≲ 100 u ≈ 6e-6 per probability, rtol 2e-4 (the floor is continuous at F)
     np.testing.assert_allclose(np.asarray(probs), eager, rtol=2e-4, atol=1e-9)
     idx = np.asarray(sample.indices)
     assert np.all(eager[idx] > 0), "never samples a zero-priority slot"
     np.testing.assert_allclose(np.asarray(sample.probabilities), eager[idx], rtol=2e-4, atol=1e-9)
     w = (CAPACITY * np.where(eager > 0, eager, 1.0)) ** -BETA
     norm = w[eager > 0].max() if normalization == "buffer" else w[idx].max()
+    # log-key differences ≲ 100 u abs, × β, through exp: ≲ 3e-6 relative, rtol 5e-4
     np.testing.assert_allclose(np.asarray(sample.importance_weights), w[idx] / norm, rtol=5e-4)
 
 
@@ -97,6 +100,7 @@ def test_one_stale_item_cannot_zero_the_weights(age, tau):
     to exactly 0 once age/τ is large; with the floor each is at least (f/p_max)^(αβ)."""
     results = {floor: np.asarray(_stale_weights(floor)(age, jnp.float32(tau)))
                for floor in (0.0, 1e-8)}
+    # w = exp(β·α ln f) with the exponent ≈ −4.4 rounded in float32 (≲ 1e-6 abs): ≲ 1e-6 relative < 1e-5
     assert np.all(results[1e-8] >= (1e-8) ** (ALPHA * BETA) * (1 - 1e-5))
     assert np.all(results[1e-8] > 0)
     if ALPHA * BETA * age / tau > 120:  # exp(−x) underflows float32 below ~e^−104
@@ -119,4 +123,6 @@ def test_advantage_priority_matches_numpy(returns, baseline, scale):
     s = None if scale is None else np.full_like(r, scale)
     got = np.asarray(advantage_priority(r, b, s))
     want = np.abs(r - b) / (1.0 if s is None else s + 1e-6) + 1e-6
+    # the same ≤ 4 correctly rounded float32 ops on both sides (NumPy stays in float32): ≲ 4 u apart;
+    # atol covers XLA's flush of a subnormal r − b to 0 (|Δ| ≤ 1e-38/1e-6)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

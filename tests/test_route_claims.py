@@ -33,6 +33,7 @@ def test_recovery_is_the_route_against_the_midpoint_of_snapshot_and_recompute_cu
         gain, row = rows  # snapshot > recompute_current opens the gate
         assert gain["verdict"] == "reproduced"
         assert (row["a"], row["b"], row["verdict"]) == ("ewma", MIDPOINT, expected)
+        # float64 host arithmetic (no XLA): a few ulps ≪ approx's default rel 1e-6
         assert row["difference"] == pytest.approx(np.mean((share - 0.5) * (snapshot - current) + noise))
 
 
@@ -58,6 +59,7 @@ def test_a_cell_that_shows_the_paper_decides_every_claim_it_ran():
     assert verdict == expected
     for r in rows[:len(ran)]:
         assert r["low"] <= r["difference"] <= r["high"]
+        # float64 means of the same 6 values (no XLA): a few ulps ≪ approx's default rel 1e-6
         assert r["mean_a"] == pytest.approx(np.mean(returns[r["a"]] if r["metric"] == "return" else active[r["a"]]))
 
 
@@ -86,4 +88,5 @@ def test_holm_over_cells_adjusts_each_claim_over_its_testable_cells():
     rows = holm_over_cells([row(0.001, "reproduced"), row(0.03, "reproduced"), row(0.5, "undecided"),
                             row(1.0, "not testable here", "masks 0.01 < 0.05")])
     assert [r["verdict"] for r in rows] == ["reproduced", "undecided", "undecided", "not testable here"]
+    # float64 Holm products of decimal p-values: ≤ 2 ulps ≪ approx's default rel 1e-6
     assert [r["p_holm"] for r in rows[:3]] == pytest.approx([0.003, 0.06, 0.5]) and rows[3]["p_holm"] == ""

@@ -1,5 +1,5 @@
 """fresh_rl.sweep: the VACO study's grid on 8 simulated CPU devices equals the plain vmapped one
-on one device and really splits the work; a SIGKILLed run resumes bit-identically; bad
+on one device (to float32 rounding) and really splits the work; a SIGKILLed run resumes bit-identically; bad
 checkpoints fail clearly and leave the previous good one usable."""
 import functools
 import json
@@ -48,8 +48,9 @@ def _python(code: str, env_extra=None, **kwargs):
 # tests/test_multihost.py (the same run_sharded path, over 2 processes)
 def test_study_grid_on_8_devices_equals_1_device():
     """The VACO study's grid path (``variant_grid`` + ``run_variant``, what
-    experiments/vaco_lag_sweep.py runs) on 8 simulated devices gives exactly the numbers of the
-    plain vmapped program on one device, and really splits the grid over the 8 devices."""
+    experiments/vaco_lag_sweep.py runs) on 8 simulated devices gives the numbers of the plain
+    vmapped program on one device (to float32 rounding), and really splits the grid over the 8
+    devices."""
     code = """
         from fresh_rl.control.presets import run_variant, variant_grid
         from fresh_rl.sweep import run_sharded, to_host
@@ -65,8 +66,8 @@ def test_study_grid_on_8_devices_equals_1_device():
         assert len(jax.tree.leaves(plain)[0].devices()) == 1
         plain = to_host(plain)
         ret = sharded["episode_return"]
-        diff = lambda a, b: max(float(np.abs(np.asarray(x) - np.asarray(y)).max())
-                                for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+        diff = lambda a, b: max(float((np.abs(np.asarray(x) - np.asarray(y)) / (1.0 + np.abs(np.asarray(y)))).max())
+                                for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))  # |Δ|/(1 + |y|)
         print(json.dumps({
             "devices": jax.device_count(),
             "shard_devices": sorted(str(s.device) for s in ret.addressable_shards),
@@ -90,10 +91,15 @@ def test_study_grid_on_8_devices_equals_1_device():
     assert result["shard_rows"] == [2] * 8  # … of 16 / 8 grid points each
     assert sorted(result["shard_index"]) == list(range(0, 16, 2))
     assert {"episode_return", "lag/tv", "lag/version_gap_mean"} <= set(result["study_metrics"])
-    assert result["study_vs_plain"] == 0.0  # the study's grid: 8 devices == 1 device, exactly
-    assert result["sharded_vs_plain"] == 0.0
-    assert result["chunked_vs_plain"] < 1e-5  # another vmap width may reorder float reductions
-    assert result["gap_by_lag"][0] == 0.0 and result["gap_by_lag"][1] > 1.0
+    # other programs (8-way sharded: vmap width 2 per device; chunked: width 1) may reorder float32
+    # reductions and contract multiply-adds differently (tests/test_multihost.py measured 1 ulp): a few
+    # ulp per op, kept ≲ 1e-6 relative by Adam's scale-free steps over 12 updates (|g| ≫ ε); the old
+    # exact and absolute bounds ignored that and the size of the metrics (value losses ≫ 1):
+    # |Δ| ≤ 1e-5·(1 + |y|)
+    assert result["study_vs_plain"] < 1e-5  # the study's grid: 8 devices == 1 device
+    assert result["sharded_vs_plain"] < 1e-5
+    assert result["chunked_vs_plain"] < 1e-5
+    assert result["gap_by_lag"][0] == 0.0 and result["gap_by_lag"][1] > 1.0  # integer gaps: 0 and 1.5
 
 
 def test_product_grid_keys_follow_the_one_seed_schedule():
@@ -159,13 +165,16 @@ def test_run_loop_chunks_seeds_and_per_step_calls_agree():
     assert [i for i, _ in logged] == list(range(7)) and logged[0][1] == (4,)
     np.testing.assert_array_equal(np.asarray(state["n"]), [7] * 4)
     chunked_state, chunked = _toy_run(key_loop, 7, steps_per_call=3)
-    np.testing.assert_allclose(chunked["x"], history["x"], rtol=1e-6)
+    # x is a float32 running sum of 7 N(0, 1) draws made by different programs (scanned chunks, per-step
+    # calls, eager draws): each step may differ by an ulp of the draw and of x (FMA of √2·erfinv + x),
+    # ≲ 7·(ulp(4) + ulp(8)) ≈ 1e-5 abs, which rtol alone misses when x crosses 0: atol 1e-5
+    np.testing.assert_allclose(chunked["x"], history["x"], rtol=1e-6, atol=1e-5)
     for j in range(4):  # one seed alone = its row of the batch
         _, single = _toy_run(key_loop[j], 7, steps_per_call=2)
         assert single["x"].shape == (7,)
-        np.testing.assert_allclose(single["x"], history["x"][j], rtol=1e-6)
+        np.testing.assert_allclose(single["x"], history["x"][j], rtol=1e-6, atol=1e-5)
     expected = np.cumsum([float(jax.random.normal(jax.random.fold_in(key_loop[2], i), ())) for i in range(7)])
-    np.testing.assert_allclose(history["x"][2], expected, rtol=1e-5)
+    np.testing.assert_allclose(history["x"][2], expected, rtol=1e-5, atol=1e-5)
 
 
 class _Interrupt(Exception):
@@ -194,7 +203,7 @@ def test_run_loop_resumes_from_its_checkpoint_with_the_same_keys(tmp_path):
     assert progress == [5, 6, 8, 9]  # resumed after step 3; chunks never straddle a checkpoint
     assert RunCheckpointer(folder, "toy").steps() == [6, 9]
     np.testing.assert_array_equal(np.asarray(state["n"]), [9, 9])
-    np.testing.assert_allclose(resumed["x"], reference["x"], rtol=1e-6)
+    np.testing.assert_allclose(resumed["x"], reference["x"], rtol=1e-6, atol=1e-5)  # as in the test above
     _, again = _toy_run(key_loop, 9, checkpointer=RunCheckpointer(folder, "toy"))
     np.testing.assert_array_equal(again["x"], resumed["x"])  # restored, nothing recomputed
     np.testing.assert_array_equal(again["wall_seconds"], resumed["wall_seconds"])
@@ -220,10 +229,13 @@ def uninterrupted(tmp_path_factory):
 def test_resumable_run_equals_train(uninterrupted):
     state, metrics = uninterrupted
     ref = jax.jit(train, static_argnums=0)(CONFIG, KEY)
+    # per-step programs vs train's one scan: equal ops, but XLA may fuse them differently (FMA
+    # contraction), so float32 rounding only; Adam's scale-free step keeps relative noise ≲ 1e-6
+    # over these 12 updates (|g| ≫ ε): rtol 1e-5, atol 1e-6 (a wrong key schedule moves θ by ≳ lr)
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref.params)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
     for name, value in ref.metrics.items():
-        np.testing.assert_array_equal(metrics[name], np.asarray(value, np.float32), err_msg=name)
+        np.testing.assert_allclose(metrics[name], np.asarray(value, np.float32), rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def test_sigkill_mid_training_then_resume_is_bit_identical(tmp_path, uninterrupted):
@@ -252,6 +264,8 @@ def test_sigkill_mid_training_then_resume_is_bit_identical(tmp_path, uninterrupt
     assert steps and max(steps) < CONFIG.num_iterations, steps  # really interrupted mid-run
     state, metrics = _resumable(tmp_path)
     ref_state, ref_metrics = uninterrupted
+    # exact: both runs execute the same per-step program (same code, flags and machine) on the same
+    # restored state and keys
     for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(ref_state)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert set(metrics) == set(ref_metrics)
@@ -290,11 +304,14 @@ def test_corrupt_checkpoint_is_detected_skipped_and_kept_aside(tmp_path, uninter
     with pytest.warns(UserWarning, match=rf"{tmp_path / '6'}.*\n.*moved to .*6\.corrupt"):
         step, tree = checkpointer.restore_latest(abstract)
     assert step == 4 and (tmp_path / "6.corrupt").is_dir()
-    np.testing.assert_array_equal(tree["history"]["episode_return"][:4], metrics["episode_return"][:4])
+    # these runs scan 2 iterations per call, the reference calls 1 per step: other programs, equal to
+    # float32 rounding only (see test_resumable_run_equals_train): rtol 1e-5, atol 1e-6
+    np.testing.assert_allclose(tree["history"]["episode_return"][:4], metrics["episode_return"][:4],
+                               rtol=1e-5, atol=1e-6)
     # the run resumes from step 4 and ends where an uninterrupted run ends
     resumed_state, resumed = _resumable(tmp_path, every=2)
     for name in set(metrics) - {"wall_seconds"}:
-        np.testing.assert_array_equal(resumed[name], metrics[name], err_msg=name)
+        np.testing.assert_allclose(resumed[name], metrics[name], rtol=1e-5, atol=1e-6, err_msg=name)
     assert RunCheckpointer(tmp_path, repr(CONFIG)).steps() == [4, 6]
     wrong = jax.eval_shape(lambda: {"state": state.params, "history": metrics})
     with pytest.raises(CheckpointError, match="no usable checkpoint"):
