@@ -128,6 +128,9 @@ def test_zero_replay_updates_is_exactly_on_policy(params):
     assert np.all(on_policy[1]["buffer_size"][:, -1] == SCALE.iterations * CONFIG.batch_size)
 
 
+# the LLM loop's matched control; the control bed's matched update counts
+# (test_freshper_control) stay in the default run
+@pytest.mark.slow
 def test_on_policy_with_one_plus_k_epochs_matches_the_replay_update_count(params):
     """The matched control: K = 0 with fresh_epochs = 1 + K makes as many optimizer updates
     per iteration as PER with K replay updates (counted by the trainer's step), and its only

@@ -243,6 +243,9 @@ def _read(path):
         return list(csv.DictReader(f))
 
 
+# experiments/old_logits_control.py end to end at ci (cost and reset stages); the default run keeps
+# the script's quick-ci scale (the quickstart runs it) and the trainer's route equalities above
+@pytest.mark.slow
 def test_experiment_writes_every_route_verdict_and_cost(ci_run):
     module, out = ci_run
     scale = module.SCALES["ci"]
@@ -281,6 +284,7 @@ def test_experiment_writes_every_route_verdict_and_cost(ci_run):
     assert (out / "mechanism.png").exists() and (out / "reset.png").exists()
 
 
+@pytest.mark.slow
 def test_slow_reference_stage_differs_only_in_beta(ci_run):
     """The slow-reference EWMA (no reset) runs the centred one's seeds with a larger β: at
     iteration 0 both references are θ_0 (same ρ_active), after that they part."""
@@ -298,6 +302,7 @@ def test_slow_reference_stage_differs_only_in_beta(ci_run):
     assert np.any(centred[1:] != slow[1:])
 
 
+@pytest.mark.slow
 def test_experiment_resumes_from_saved_chunks(ci_run):
     """A rerun loads every saved chunk (no recomputation) and rewrites the same tables."""
     module, out = ci_run
