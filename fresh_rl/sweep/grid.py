@@ -19,6 +19,7 @@ addressable shards, and :func:`to_host` gathers the full result on every process
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -127,17 +128,22 @@ def run_sharded(fn: Callable[..., Any], *grid_args, mesh: Optional[Mesh] = None,
                          f"that is a multiple of {num_devices}, or pad=True")
     chunk = math.ceil(chunk / num_devices) * num_devices
     sharding = NamedSharding(mesh, PartitionSpec(GRID_AXIS))
-    program = jax.jit(jax.vmap(fn), out_shardings=sharding)
+    # one trace and one compile for every chunk: the output shapes (for the checkpoint's restore
+    # target) come from the same trace as the program (an eval_shape of the jitted function
+    # traced it a second time, its unsharded abstract arguments missing jit's trace cache)
+    traced = jax.jit(jax.vmap(fn), out_shardings=sharding).trace(*jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct((chunk,) + x.shape[1:], x.dtype, sharding=sharding), grid_args))
+    program = functools.cache(lambda: traced.lower().compile())  # not compiled if every chunk is restored
 
     def run_chunk(start):
         part = jax.tree.map(lambda x: jax.device_put(x, sharding),
                             _pad(jax.tree.map(lambda x: x[start:start + chunk], grid_args), chunk))
-        out = program(*part)
+        out = program()(*part)
         keep = min(chunk, n - start)
         return out if keep == chunk else jax.tree.map(lambda x: x[:keep], out)
 
     if checkpointer is not None:
-        return _run_chunks_checkpointed(run_chunk, program, grid_args, n, chunk, checkpointer)
+        return _run_chunks_checkpointed(run_chunk, traced.out_info, n, checkpointer)
     outputs = [run_chunk(start) for start in range(0, n, chunk)]
     if len(outputs) == 1:
         return outputs[0]
@@ -145,10 +151,10 @@ def run_sharded(fn: Callable[..., Any], *grid_args, mesh: Optional[Mesh] = None,
                                                      for x in xs]), *outputs)
 
 
-def _run_chunks_checkpointed(run_chunk, program, grid_args, n, chunk, checkpointer):
-    """Chunks in order, the gathered outputs saved after each; resumes after the last saved."""
-    shapes = jax.eval_shape(program, *jax.tree.map(lambda x: jax.ShapeDtypeStruct((chunk,) + x.shape[1:],
-                                                                                    x.dtype), grid_args))
+def _run_chunks_checkpointed(run_chunk, shapes, n, checkpointer):
+    """Chunks in order, the gathered outputs saved after each; resumes after the last saved.
+    ``shapes``: one chunk's output shapes."""
+    chunk = jax.tree.leaves(shapes)[0].shape[0]
     abstract = {"outputs": jax.tree.map(lambda s: jax.ShapeDtypeStruct((n,) + s.shape[1:], s.dtype), shapes),
                 "points_done": jax.ShapeDtypeStruct((), np.int32)}
     restored = checkpointer.restore_latest(abstract)
