@@ -27,7 +27,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from fresh_rl.provenance import REPOSITORY_ROOT, git_commit, machine_description, require_clean
+from fresh_rl.provenance import REPOSITORY_ROOT, machine_description
 
 OUT = REPOSITORY_ROOT / "results" / "bench"
 SUMMARY = re.compile(r"^=+ (.*(?:passed|failed).*) in [\d.]+s.*=+$", re.M)
@@ -58,13 +58,15 @@ def main(argv=None):
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--slow", action="store_true", help="also time the slow lane")
     parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument("--allow-dirty", action="store_true")
     parser.add_argument("--note", default="otherwise idle machine",
                         help="what else the machine was doing (written beside the times)")
     args = parser.parse_args(argv)
     if args.runs < 0 or (args.runs == 0 and not args.slow):
         parser.error("--runs must be ≥ 1 (or 0 with --slow: time the slow lane alone)")
-    commit = require_clean(git_commit(), args.allow_dirty)
+    # what is timed is a clone, which holds only committed code: HEAD is its exact provenance
+    # (uncommitted edits in this checkout never reach it)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPOSITORY_ROOT,
+                            capture_output=True, text=True, check=True).stdout.strip()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_", "FRESH_RL_"))}
     env["CI"] = "true"
     record = {"commit": commit, "machine": machine_description(), "note": args.note, "runs": [],
