@@ -5,6 +5,12 @@ decoupled PPO, EWMA reference), ``lag`` (parameter-version ring, delay samplers,
 ``control`` (gymnax actor-critic trainer with simulated lag), ``llm`` (Qwen2-architecture LM,
 sampler, text tasks, GRPO / REINFORCE++ trainer). ``replay``, ``corrections`` and ``lag`` know
 nothing of ``llm`` or ``control``.
+
+``fresh_rl.checked`` turns on the traced range checks of every building block (under
+``jax.experimental.checkify``); see :func:`fresh_rl.validation.checked`.
 """
 
+from fresh_rl.validation import checked
+
 __version__ = "0.1.0"
+__all__ = ["checked"]

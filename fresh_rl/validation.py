@@ -2,11 +2,13 @@
 
 * Configuration checks run once when a frozen config dataclass is built and raise
   ``ValueError`` naming the field and its allowed range.
+  Numbers may be Python, NumPy or concrete 0-d JAX scalars; bools are refused.
 * Data checks (``check``) raise ``ValueError`` on concrete values. On traced values (inside
-  ``jit``/``vmap``/``scan``) they cannot raise: with ``jit_checks=True`` they become
-  ``checkify.check`` (wrap the jitted function in ``jax.experimental.checkify.checkify`` and
-  call ``err.throw()``), otherwise they are skipped and the caller applies its documented
-  safe fallback. ``check_in_range`` does both for a scalar (or array) argument.
+  ``jit``/``vmap``/``scan``) they cannot raise: with ``jit_checks=True`` or inside
+  :func:`checked` they become ``checkify.check`` (wrap the jitted function in
+  ``jax.experimental.checkify.checkify`` and call ``err.throw()``), otherwise they are
+  skipped and the caller applies its documented safe fallback. ``check_in_range`` does both
+  for a scalar (or array) argument.
 * ``require_output_dir`` checks an output folder before any work is done.
 * ``register_entry`` adds a named entry to a registry (control methods, old-logit routes),
   refusing a wrong type or a taken name.
@@ -14,6 +16,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import os
 from pathlib import Path
@@ -25,6 +29,19 @@ import numpy as np
 from jax.experimental import checkify
 
 
+def _number(name: str, value, what: str, kinds: str = "iuf"):
+    """``value`` as a Python number when it is a concrete real scalar (Python, NumPy or 0-d
+    JAX array) whose dtype kind is in ``kinds``; ``ValueError`` naming ``name`` otherwise."""
+    if not is_traced(value) and not isinstance(value, (str, bytes)):
+        try:
+            array = np.asarray(value)
+        except (TypeError, ValueError):
+            array = None
+        if array is not None and array.ndim == 0 and array.dtype.kind in kinds:
+            return array.item()
+    raise ValueError(f"{name} must be {what}, got {value!r}")
+
+
 def require_in_range(
     name: str,
     value: float,
@@ -34,26 +51,29 @@ def require_in_range(
     low_inclusive: bool = True,
     high_inclusive: bool = True,
 ) -> None:
-    """Raise ``ValueError`` unless ``value`` lies in the interval ``[low, high]``.
+    """Raise ``ValueError`` unless ``value`` is a concrete real scalar (Python, NumPy or 0-d
+    JAX; not a bool) in the interval ``[low, high]``.
 
     The interval ends are open or closed as requested; NaN always fails.
     """
-    above = value >= low if low_inclusive else value > low
-    below = value <= high if high_inclusive else value < high
+    interval = _interval(low, high, low_inclusive, high_inclusive)
+    number = _number(name, value, f"a number in {interval}")
+    above = number >= low if low_inclusive else number > low
+    below = number <= high if high_inclusive else number < high
     if not (above and below):  # also catches NaN
-        raise ValueError(f"{name} must be in {_interval(low, high, low_inclusive, high_inclusive)}, "
-                         f"got {value!r}")
+        raise ValueError(f"{name} must be in {interval}, got {number!r}")
 
 
 def _interval(low, high, low_inclusive: bool, high_inclusive: bool) -> str:
     return f"{'[' if low_inclusive else '('}{low}, {high}{']' if high_inclusive else ')'}"
 
 
-def require_int(name: str, value, low: float, high: float = math.inf) -> None:
-    """Raise ``ValueError`` unless ``value`` is a Python ``int`` (not a bool) in ``[low, high]``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
-    require_in_range(name, value, low, high)
+def require_int(name: str, value, low: float, high: float = math.inf) -> int:
+    """Raise ``ValueError`` unless ``value`` is a concrete integer scalar (Python, NumPy or 0-d
+    JAX; not a bool) in ``[low, high]``; returns it as a Python ``int``."""
+    number = _number(name, value, f"an integer in [{low}, {high}]", kinds="iu")
+    require_in_range(name, number, low, high)
+    return number
 
 
 def require_output_dir(name: str, path) -> Path:
@@ -100,14 +120,61 @@ def is_traced(value) -> bool:
     return isinstance(value, jax.core.Tracer)
 
 
-def check(predicate, message: str, jit_checks: bool) -> None:
+_CHECKED = [0]  # depth of the active ``checked()`` contexts
+
+
+@contextlib.contextmanager
+def _checked_context():
+    _CHECKED[0] += 1
+    try:
+        yield
+    finally:
+        _CHECKED[0] -= 1
+
+
+def checked(fn=None):
+    """Turns on the traced range checks of every building block (as ``jit_checks=True``).
+
+    ``with checked(): ...`` — while the block runs, functions *traced* inside it emit a
+    ``checkify.check`` for each documented range (δ, λ, discounts, β, τ, weights, buffer
+    versions and indices, ...): wrap jitted code in ``checkify.checkify`` and call
+    ``err.throw()`` (staging such a check without ``checkify`` is an error). Concrete values
+    raise ``ValueError`` with or without the switch.
+
+    ``checked(fn)`` — returns ``fn`` jitted and checkified, traced with the switch on, whose
+    calls raise ``checkify.JaxRuntimeError`` naming the field on a violation.
+
+    The switch is read when a function is traced: a function already jitted and traced with
+    the switch off keeps its unchecked compiled program (wrap the plain function instead).
+    Switched off (the default) nothing is emitted: the same jaxpr as without this module.
+    """
+    if fn is None:
+        return _checked_context()
+    checkified = jax.jit(checkify.checkify(fn))
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with _checked_context():
+            err, out = checkified(*args, **kwargs)
+        err.throw()
+        return out
+    return run
+
+
+def checks_enabled(jit_checks: bool = False) -> bool:
+    """Whether traced range checks are emitted: ``jit_checks`` or inside :func:`checked`."""
+    return jit_checks or _CHECKED[0] > 0
+
+
+def check(predicate, message: str, jit_checks: bool = False) -> None:
     """Raises ``ValueError(message)`` if a concrete ``predicate`` is False.
 
-    For traced predicates: a ``checkify.check`` when ``jit_checks`` else nothing (the caller's
-    safe fallback handles the bad input). ``message`` must name the field and its allowed range.
+    For traced predicates: a ``checkify.check`` when :func:`checks_enabled` else nothing (the
+    caller's safe fallback handles the bad input). ``message`` must name the field and its
+    allowed range.
     """
     if is_traced(predicate):
-        if jit_checks:
+        if checks_enabled(jit_checks):
             checkify.check(predicate, message)
         return
     if not bool(predicate):
@@ -123,23 +190,33 @@ def check_in_range(
     low_inclusive: bool = True,
     high_inclusive: bool = True,
     jit_checks: bool = False,
+    where=None,
 ) -> None:
     """:func:`require_in_range` for a scalar or array that may be traced.
 
-    Concrete values: every element is checked (``ValueError`` naming ``name``, the interval and
-    the first bad value). Traced values: a ``checkify.check`` with ``jit_checks``, else nothing.
+    Concrete values (Python, NumPy or JAX): every element (where the boolean ``where`` is
+    True, default all) is checked (``ValueError`` naming ``name``, the interval and the first
+    bad value). Traced values: a ``checkify.check`` when :func:`checks_enabled`, else nothing.
     """
+    interval = _interval(low, high, low_inclusive, high_inclusive)
     if not is_traced(value):
-        for item in np.unique(np.asarray(value)):
-            require_in_range(name, item.item(), low, high,
-                             low_inclusive=low_inclusive, high_inclusive=high_inclusive)
+        array = np.asarray(value)
+        if array.dtype.kind not in "iuf":
+            raise ValueError(f"{name} must be a number in {interval}, got dtype {array.dtype}")
+        above = array >= low if low_inclusive else array > low
+        below = array <= high if high_inclusive else array < high
+        bad = ~(above & below)
+        if where is not None:
+            bad &= np.asarray(where)
+        if bad.any():
+            raise ValueError(f"{name} must be in {interval}, got {array[bad].flat[0].item()!r}")
         return
-    if jit_checks:
+    if checks_enabled(jit_checks):
         value = jnp.asarray(value)
         above = value >= low if low_inclusive else value > low
         below = value <= high if high_inclusive else value < high
-        check(jnp.all(above & below),
-              f"{name} must be in {_interval(low, high, low_inclusive, high_inclusive)}", True)
+        ok = above & below if where is None else (above & below) | ~jnp.asarray(where)
+        checkify.check(jnp.all(ok), f"{name} must be in {interval}")
 
 
 def register_entry(registry: dict, entry, entry_type: type, kind: str, *, replace: bool = False):

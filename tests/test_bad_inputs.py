@@ -21,14 +21,18 @@ import numpy as np
 import pytest
 from jax.experimental import checkify
 
-from fresh_rl import cli
+from fresh_rl import checked, cli
 from fresh_rl.control import HyperParams, Method, TrainConfig, train
-from fresh_rl.corrections import ppo_kl_loss, vaco_policy_loss
+from fresh_rl.corrections import (effective_sample_size, generalized_advantage_estimation, ppo_kl_loss,
+                                  vaco_policy_loss)
 from fresh_rl.lag import DelayConfig
 from fresh_rl.llm.async_pipeline import AsyncConfig
 from fresh_rl.llm.checkpoint import config_from_hf, load_hf_checkpoint, read_safetensors, write_safetensors
 from fresh_rl.llm.hparams import LLMHyperParams
 from fresh_rl.llm.model import preset
+from fresh_rl.llm.tokenizer import HFTokenizer
+from fresh_rl.llm.trainer import RLConfig
+from fresh_rl.replay import ReplayConfig, make_trajectory_buffer
 from fresh_rl.sweep.checkpoint import CheckpointError
 from fresh_rl.validation import require_output_dir
 
@@ -151,6 +155,57 @@ def _restore_missing(tmp):
     from fresh_rl.llm.warm_start import restore_params
 
     restore_params(str(tmp / "nothing_here"), preset("tiny"))
+
+
+# API: NumPy/JAX scalars, traced ranges, buffer edges, loader values (helpers)
+
+
+def _gae(lambda_=0.9, discount=0.9):
+    x = jnp.zeros((2, 3))
+    return generalized_advantage_estimation(x, x, x, x + discount, lambda_=lambda_).advantages
+
+
+def _buffer(priority=None):
+    """A PER buffer (4 slots, batches of 2) holding 2 scalar items of base ``priority``
+    (``None``: the running-max rule)."""
+    buffer = make_trajectory_buffer(ReplayConfig(
+        capacity=4, sample_batch_size=2, sampling="freshper",
+        new_item_priority="max" if priority is None else "given"))
+    state = buffer.init(jnp.zeros(()))
+    return buffer, buffer.add(state, jnp.zeros(2), 0, None if priority is None else jnp.full(2, priority))
+
+
+def _tied_lm_head(tmp):
+    with pytest.warns() as record:  # the warning becomes the case's error
+        _load(config={"tie_word_embeddings": True})(tmp)
+    raise UserWarning(str(record[0].message))
+
+
+def _nan_in_k_proj(tensors):
+    name = "model.layers.0.self_attn.k_proj.weight"
+    weight = np.array(tensors[name])
+    weight.flat[3] = np.nan
+    tensors[name] = weight
+
+
+def _tokenizer_json(tmp):
+    (tmp / "tokenizer.json").write_text("{not json")
+    HFTokenizer(str(tmp / "tokenizer.json"))
+
+
+def _tokenizer_config(tmp, text):
+    folder = Path(_checkpoint(tmp))
+    (folder / "tokenizer_config.json").write_text(text)
+    HFTokenizer.from_pretrained(str(folder))
+
+
+def owned_case(id, argv, pattern):
+    """``cli_case`` on ``--out {tmp}/owned``, a folder whose run.json names another run (seed 0)."""
+    def run(tmp):
+        (tmp / "owned").mkdir()
+        (tmp / "owned" / "run.json").write_text(json.dumps({"identity": {"command": "sweep", "seed": 0}}))
+        cli_case(id, [*argv, "--out", "{tmp}/owned"], pattern).run(tmp)
+    return Case(id, run, SystemExit, pattern)
 
 
 ST = r"model\.safetensors"  # every safetensors error names the file
@@ -334,6 +389,72 @@ CASES = [
              error=CheckpointError),
     api_case("restore-params-garbage", _restore_garbage, r"parameter checkpoint .*params is unreadable",
              error=CheckpointError),
+    # --- API: NumPy/JAX scalars, traced ranges, buffer edges, loader values ---------------------
+    api_case("gae-lambda-numpy", lambda tmp: _gae(lambda_=np.float32(1.5)), r"lambda_ must be in \[0\.0, 1\.0\], got 1\.5"),
+    api_case("gae-lambda-jax", lambda tmp: _gae(lambda_=jnp.float32(1.5)), r"lambda_ must be in \[0\.0, 1\.0\], got 1\.5"),
+    api_case("gae-discount-above-one", lambda tmp: _gae(discount=1.5), r"discounts must be in \[0\.0, 1\.0\], got 1\.5"),
+    api_case("gae-lambda-traced-nan", lambda tmp: checked(_gae)(jnp.float32(math.nan)),
+             r"lambda_ must be in \[0\.0, 1\.0\]", error=checkify.JaxRuntimeError),
+    api_case("gae-lambda-traced-above-one", lambda tmp: checked(_gae)(jnp.float32(1.5)),
+             r"lambda_ must be in \[0\.0, 1\.0\]", error=checkify.JaxRuntimeError),
+    api_case("gae-discount-traced", lambda tmp: checked(lambda d: _gae(discount=d))(jnp.float32(-0.5)),
+             r"discounts must be in \[0\.0, 1\.0\]", error=checkify.JaxRuntimeError),
+    api_case("vaco-delta-traced-zero-switch", lambda tmp: checked(lambda d: _vaco(d)[0])(jnp.float32(0.0)),
+             r"delta must be in \(0\.0, inf\]", error=checkify.JaxRuntimeError),
+    api_case("vaco-delta-traced-nan-switch", lambda tmp: checked(lambda d: _vaco(d)[0])(jnp.float32(math.nan)),
+             r"delta must be in \(0\.0, inf\]", error=checkify.JaxRuntimeError),
+    api_case("vaco-delta-numpy", lambda tmp: _vaco(np.float64(-1.0)), r"delta must be in \(0\.0, inf\], got -1\.0"),
+    api_case("kl-coef-traced-switch", lambda tmp: checked(lambda b: _kl(b)[0])(jnp.float32(-1.0)),
+             r"kl_coef must be in \[0\.0, inf\)", error=checkify.JaxRuntimeError),
+    api_case("ess-weights-negative", lambda tmp: effective_sample_size(jnp.array([1.0, -1.0])),
+             r"weights must be in \[0\.0, inf\], got -1\.0"),
+    api_case("ess-weights-traced", lambda tmp: checked(effective_sample_size)(jnp.array([1.0, -1.0])),
+             r"weights must be in \[0\.0, inf\]", error=checkify.JaxRuntimeError),
+    api_case("rlconfig-learning_rate-inf", lambda tmp: RLConfig(learning_rate=math.inf),
+             r"RLConfig\.learning_rate must be in \(0\.0, inf\), got inf"),
+    api_case("rlconfig-learning_rate-numpy-inf", lambda tmp: RLConfig(learning_rate=np.float32(math.inf)),
+             r"RLConfig\.learning_rate must be in \(0\.0, inf\), got inf"),
+    api_case("rlconfig-epochs-bool", lambda tmp: RLConfig(epochs=True), r"RLConfig\.epochs must be an integer in \[1, inf\], got True"),
+    api_case("replay-capacity-bool", lambda tmp: ReplayConfig(capacity=True, sample_batch_size=1),
+             r"capacity must be an integer in \[1, inf\], got True"),
+    api_case("replay-capacity-float", lambda tmp: ReplayConfig(capacity=8.0, sample_batch_size=1),
+             r"capacity must be an integer in \[1, inf\], got 8\.0"),
+    api_case("replay-capacity-numpy-zero", lambda tmp: ReplayConfig(capacity=np.int64(0), sample_batch_size=1),
+             r"capacity must be in \[1, inf\], got 0"),
+    api_case("buffer-version-fraction", lambda tmp: _buffer()[0].add(_buffer()[1], jnp.zeros(2), 1.7),
+             r"add: versions must be integers, got dtype float32"),
+    api_case("buffer-version-negative", lambda tmp: _buffer()[0].add(_buffer()[1], jnp.zeros(2), -5),
+             r"add: versions must be integers >= 0"),
+    api_case("buffer-version-negative-traced", lambda tmp: checked(
+        lambda s, v: _buffer()[0].add(s, jnp.zeros(2), v))(_buffer()[1], jnp.int32(-5)),
+             r"add: versions must be integers >= 0", error=checkify.JaxRuntimeError),
+    api_case("buffer-index-float", lambda tmp: _buffer()[0].set_priorities(_buffer()[1], jnp.array([0.5]), jnp.ones(1)),
+             r"set_priorities: indices must be integers, got dtype float32"),
+    api_case("buffer-index-traced-out-of-range", lambda tmp: checked(_buffer()[0].set_priorities)(
+        _buffer()[1], jnp.array([7]), jnp.ones(1)), r"set_priorities: indices must be in \[0, capacity=4\)",
+             error=checkify.JaxRuntimeError),
+    api_case("buffer-zero-priorities", lambda tmp: _buffer(0.0)[0].sample(_buffer(0.0)[1], jax.random.PRNGKey(0)),
+             r"sample: no stored item has a positive priority"),
+    api_case("buffer-zero-priorities-traced", lambda tmp: checked(_buffer(0.0)[0].sample)(
+        _buffer(0.0)[1], jax.random.PRNGKey(0)), r"sample: no stored item has a positive priority",
+             error=checkify.JaxRuntimeError),
+    api_case("buffer-beta-numpy", lambda tmp: _buffer()[0].sample(_buffer()[1], jax.random.PRNGKey(0), np.float32(1.5)),
+             r"importance_exponent must be in \[0\.0, 1\.0\], got 1\.5"),
+    api_case("buffer-beta-traced", lambda tmp: checked(_buffer()[0].sample)(
+        _buffer()[1], jax.random.PRNGKey(0), jnp.float32(1.5)), r"importance_exponent must be in \[0\.0, 1\.0\]",
+             error=checkify.JaxRuntimeError),
+    api_case("buffer-tau-traced", lambda tmp: checked(_buffer()[0].set_age_decay_tau)(_buffer()[1], jnp.float32(-1.0)),
+             r"age_decay_tau must be in \(0, inf\]", error=checkify.JaxRuntimeError),
+    api_case("ckpt-nan-tensor", _load(tensors=_nan_in_k_proj),
+             ST + r": tensor 'model\.layers\.0\.self_attn\.k_proj\.weight' holds non-finite values \(1 NaN, 0 inf\)",
+             error=CheckpointError),
+    api_case("ckpt-tied-lm_head-differs", _tied_lm_head,
+             ST + r": 'lm_head\.weight' is ignored: config\.json sets tie_word_embeddings=true", error=UserWarning),
+    api_case("tokenizer-json-malformed", _tokenizer_json, r"tokenizer\.json: cannot read the tokenizer: .*line 1 column"),
+    api_case("tokenizer-config-malformed", lambda tmp: _tokenizer_config(tmp, "{\"eos_token\": "),
+             r"tokenizer_config\.json: cannot read the tokenizer config: Expecting value"),
+    api_case("tokenizer-config-list", lambda tmp: _tokenizer_config(tmp, "[1]"),
+             r"tokenizer_config\.json: must hold a JSON object, got list"),
 ]
 
 

@@ -11,6 +11,7 @@ the TV estimate of Eq. 5 of its ICLR 2026 submission; docs/vaco.md) for ``tv_est
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Union
 
 import chex
@@ -18,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from fresh_rl.corrections._validation import check_per_token
+from fresh_rl.validation import check_in_range
 
 
 def masked_sum(x: chex.Array, mask: chex.Array) -> chex.Array:
@@ -74,9 +76,11 @@ def effective_sample_size(weights: chex.Array, mask: Optional[chex.Array] = None
 
     Kish's ESS divided by the number N of valid entries (Kong 1992; verl reports the same
     quantity as ``rollout_is_eff_sample_size`` = 1/mean(w̃²) with w̃ = w/mean(w)).
-    Equals 1 when all weights are equal. Returns 1 when no entry is valid.
+    Equals 1 when all weights are equal. Returns 1 when no entry is valid. Valid weights must
+    be >= 0 (concrete: ``ValueError``; traced: under :func:`fresh_rl.checked`).
     """
     mask = check_per_token([weights], mask)
+    check_in_range("weights", weights, 0.0, math.inf, where=mask)
     w = jnp.where(mask, jax.lax.stop_gradient(weights), 0.0)
     n = valid_count(mask)
     sum_w = jnp.sum(w)

@@ -18,8 +18,9 @@ Shared conventions:
 * Static settings are frozen dataclasses validated at construction (``ValueError`` naming
   the field and its range); pass them as static arguments under ``jit``.
 * Scalar arguments that may be traced (``kl_coef``, ``delta``) are range-checked when
-  concrete (``ValueError``); traced, they are checked only with ``jit_checks=True`` (a
-  ``checkify`` check, :mod:`fresh_rl.validation`), else each loss documents what a bad value does.
+  concrete (``ValueError``); traced, they are checked only with ``jit_checks=True`` or under
+  :func:`fresh_rl.checked` (a ``checkify`` check, :mod:`fresh_rl.validation`), else each loss
+  documents what a bad value does.
 """
 from __future__ import annotations
 
@@ -218,7 +219,7 @@ def ppo_kl_loss(
 
     ``β = kl_coef`` ∈ [0, ∞) is either fixed or adaptive (a traced scalar updated between
     iterations by :func:`adaptive_kl_coefficient`); a concrete β out of range raises
-    ``ValueError``, a traced one is checked only with ``jit_checks`` (a negative β rewards
+    ``ValueError``, a traced one only with ``jit_checks`` or ``fresh_rl.checked`` (a negative β rewards
     divergence, a NaN one makes the loss NaN). ``k`` is the estimator of
     :class:`PPOKLConfig`. Metrics add ``kl_coef`` and ``kl_penalty`` (mean k).
     """
@@ -404,7 +405,7 @@ def vaco_policy_loss(
     kept count is our choice. ``delta``: δ ∈ (0, ∞] as a plain scalar (may be traced: one
     compile for a δ sweep; ``math.inf`` never filters), read under
     ``config.threshold_convention``; ``None`` uses ``config.delta``. A concrete δ out of range
-    raises ``ValueError``; a traced one is checked only with ``jit_checks`` (otherwise δ ≤ 0
+    raises ``ValueError``; a traced one only with ``jit_checks`` or ``fresh_rl.checked`` (else δ ≤ 0
     filters whenever D̂ > 0 and NaN never filters, like ∞). Metrics add
     ``tv_filter_estimate`` (D̂ as compared with δ), ``filter_on`` (D̂ above threshold),
     ``mask_fraction`` and ``backward_ratio_mean`` (mean π_T/β, the backward-lag weight).

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from fresh_rl.validation import require_choice, require_in_range
+from fresh_rl.validation import check_in_range, require_choice, require_in_range
 
 # Time steps solved per trip of the backward loop. Chunking composes the affine steps
 # A ↦ a + b·A of each chunk elementwise, so the sequential loop makes T/K trips instead of T.
@@ -128,14 +128,16 @@ def generalized_advantage_estimation(
         Â_t = δ_t + γ_t (1 − end_t) λ Â_{t+1}
 
     ``γ_t = discounts`` is zero after termination, ``end_t = episode_ends`` cuts the trace at
-    truncations as well (see the module docstring for all conventions). ``lambda_`` may be a
-    Python float (validated, must be in [0, 1]) or a traced scalar (e.g. under a vmap sweep).
+    truncations as well (see the module docstring for all conventions). ``lambda_`` ∈ [0, 1]
+    and ``discounts`` ∈ [0, 1]: concrete values (any kind of scalar or array) raise
+    ``ValueError`` outside; traced ones (e.g. λ under a vmap sweep) are checked under
+    :func:`fresh_rl.checked`.
     """
-    if isinstance(lambda_, (int, float)):
-        require_in_range("lambda_", lambda_, 0.0, 1.0)
+    check_in_range("lambda_", lambda_, 0.0, 1.0)
     episode_ends, sample_mask = _check_trajectory(
         [rewards, values, next_values, discounts], episode_ends, sample_mask
     )
+    check_in_range("discounts", discounts, 0.0, 1.0, where=sample_mask)
     td_errors = rewards + discounts * next_values - values
     offsets = jnp.where(sample_mask, td_errors, 0.0)
     decays = jnp.where(sample_mask, _trace_discounts(discounts, episode_ends) * lambda_, 1.0)
@@ -226,6 +228,7 @@ def vtrace(
     episode_ends, sample_mask = _check_trajectory(
         [values, next_values, rewards, discounts, log_rhos], episode_ends, sample_mask
     )
+    check_in_range("discounts", discounts, 0.0, 1.0, where=sample_mask)
     rhos = jnp.exp(log_rhos)
     clipped_rhos = jnp.minimum(config.rho_bar, rhos)
     trace_weights = config.lambda_ * jnp.minimum(config.c_bar, rhos)

@@ -15,7 +15,7 @@ Name mapping (HF -> ours; HF Linear weights are `[out, in]`, Flax Dense kernels 
   model.layers.{i}.self_attn.o_proj.weight        -> layers_{i}/self_attn/o_proj/kernel
   model.layers.{i}.mlp.{gate,up,down}_proj.weight -> layers_{i}/mlp/{...}_proj/kernel
   model.layers.{i}.{input,post_attention}_layernorm.weight -> layers_{i}/{...}/weight
-  model.norm.weight -> norm/weight;  lm_head.weight -> lm_head/kernel (absent when tied)
+  model.norm.weight -> norm/weight;  lm_head.weight -> lm_head/kernel (ignored when tied)
 The per-layer ``layers_{i}`` parameters are then stacked into the scanned ``layers`` layout
 (:func:`fresh_rl.llm.model.stack_layers`); export unstacks them.
 """
@@ -27,6 +27,7 @@ import os
 import shutil
 import struct
 import tempfile
+import warnings
 
 import jax
 import ml_dtypes
@@ -213,11 +214,24 @@ def _expected_shapes(config: Qwen2Config) -> dict[tuple[str, ...], tuple[int, ..
 
 def params_from_hf_tensors(tensors: dict[str, np.ndarray], config: Qwen2Config,
                            dtype=np.float32, source: str = "checkpoint") -> dict:
-    """Maps HF-named tensors to our nested parameter dict; checks names and shapes
-    (``CheckpointError`` naming ``source``, the checkpoint's path, and the tensor)."""
+    """Maps HF-named tensors to our nested parameter dict; checks names, shapes and values
+    (``CheckpointError`` naming ``source``, the checkpoint's path, and the tensor; NaN or inf
+    anywhere is refused).
+
+    With ``tie_word_embeddings`` the output layer is ``model.embed_tokens.weight``, as in
+    ``transformers``, which ties the two and does not load a separate ``lm_head.weight``: one
+    in the checkpoint is ignored, with a warning when it differs from the embeddings.
+    """
     table = _hf_to_ours(config)
     expected = _expected_shapes(config)
     ignored = {"lm_head.weight"} if config.tie_word_embeddings else set()
+    embeddings = tensors.get("model.embed_tokens.weight")
+    if ignored & set(tensors) and embeddings is not None and not np.array_equal(
+            np.asarray(tensors["lm_head.weight"]), np.asarray(embeddings)):
+        warnings.warn(f"{source}: 'lm_head.weight' is ignored: config.json sets "
+                      "tie_word_embeddings=true, so the output layer is "
+                      "'model.embed_tokens.weight' (as in transformers), and this "
+                      "lm_head.weight differs from it", stacklevel=2)
     unknown = sorted(set(tensors) - set(table) - ignored)
     if unknown:
         raise CheckpointError(f"{source} has tensors this Qwen2Config does not use: {unknown[:5]}"
@@ -235,10 +249,15 @@ def params_from_hf_tensors(tensors: dict[str, np.ndarray], config: Qwen2Config,
             raise CheckpointError(f"{source}: tensor {hf_name!r} has shape "
                              f"{tuple(tensors[hf_name].shape)}, the config expects "
                              f"{expected[path][::-1] if transpose else expected[path]}")
+        array = array.astype(dtype)
+        if not np.isfinite(array).all():
+            raise CheckpointError(f"{source}: tensor {hf_name!r} holds non-finite values "
+                                  f"({int(np.isnan(array).sum())} NaN, "
+                                  f"{int(np.isinf(array).sum())} inf)")
         node = params
         for key in path[:-1]:
             node = node.setdefault(key, {})
-        node[path[-1]] = array.astype(dtype)
+        node[path[-1]] = array
     return stack_layers(params)
 
 

@@ -84,7 +84,10 @@ class HFTokenizer:
         from tokenizers import Tokenizer as _HFTokenizer  # runtime dependency for real models
 
         self.path = path
-        self._tok = _HFTokenizer.from_file(path)
+        try:
+            self._tok = _HFTokenizer.from_file(path)
+        except Exception as err:  # tokenizers raises a bare Exception on a malformed file
+            raise ValueError(f"{path}: cannot read the tokenizer: {' '.join(str(err).split())}") from err
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.eos_id = self._id(eos_token, "eos_token")
         self.pad_id = self._id(pad_token, "pad_token") if pad_token else self.eos_id
@@ -102,8 +105,10 @@ class HFTokenizer:
         try:
             with open(config_path) as f:
                 config = json.load(f)
-        except (OSError, json.JSONDecodeError) as err:
+        except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError
             raise ValueError(f"{config_path}: cannot read the tokenizer config: {err}") from err
+        if not isinstance(config, dict):
+            raise ValueError(f"{config_path}: must hold a JSON object, got {type(config).__name__}")
 
         def token(name):  # a plain string or, in older files, {"content": ...}
             value = config.get(name)

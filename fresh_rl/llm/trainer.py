@@ -156,14 +156,13 @@ class RLConfig:
         require_choice("RLConfig.loss", self.loss, LOSSES)
         require_choice("RLConfig.reinforce_pp_grouping", self.reinforce_pp_grouping,
                        ("batch", "group"))
-        for name in ("num_groups", "group_size", "epochs", "minibatches", "logprob_chunk_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"RLConfig.{name} must be an integer >= 1, got {value!r}")
+        for name in ("num_groups", "group_size", "epochs", "minibatches", "logprob_chunk_tokens",
+                     "grad_accumulation_steps"):
+            # NumPy / JAX integers are stored as Python ints (the config is a static jit argument)
+            object.__setattr__(self, name, require_int(f"RLConfig.{name}", getattr(self, name), 1))
         if self.batch_size % self.minibatches:
             raise ValueError(f"RLConfig.minibatches must divide the batch size "
                              f"num_groups*group_size={self.batch_size}, got {self.minibatches}")
-        require_int("RLConfig.grad_accumulation_steps", self.grad_accumulation_steps, 1)
         if self.minibatch_size % self.grad_accumulation_steps:
             raise ValueError(f"RLConfig.grad_accumulation_steps must divide the minibatch size "
                              f"batch_size/minibatches={self.minibatch_size}, got "
@@ -171,7 +170,7 @@ class RLConfig:
         if self.estimator == "grpo" and self.group_size < 2:
             raise ValueError(f"RLConfig.group_size must be >= 2 for GRPO, got {self.group_size}")
         require_in_range("RLConfig.learning_rate", self.learning_rate, 0.0, math.inf,
-                         low_inclusive=False)
+                         low_inclusive=False, high_inclusive=False)
         require_in_range("RLConfig.weight_decay", self.weight_decay, 0.0, math.inf)
         require_in_range("RLConfig.max_grad_norm", self.max_grad_norm, 0.0, math.inf,
                          low_inclusive=False)
@@ -179,8 +178,8 @@ class RLConfig:
                          low_inclusive=False)
         require_in_range("RLConfig.advantage_eps", self.advantage_eps, 0.0, math.inf)
         require_in_range("RLConfig.gamma", self.gamma, 0.0, 1.0)
-        if not isinstance(self.prompt_pool, int) or (
-                self.prompt_pool != 0 and self.prompt_pool < self.num_groups):
+        object.__setattr__(self, "prompt_pool", require_int("RLConfig.prompt_pool", self.prompt_pool, 0))
+        if self.prompt_pool != 0 and self.prompt_pool < self.num_groups:
             raise ValueError(f"RLConfig.prompt_pool must be 0 or an integer >= num_groups="
                              f"{self.num_groups} (distinct prompts per batch), got "
                              f"{self.prompt_pool!r}")

@@ -58,11 +58,15 @@ priorities passed to ``add`` instead (e.g. ``|reward| + ε``).
 
 **Bad input.** Configuration errors raise ``ValueError`` at construction. Data errors (NaN or
 negative priority, index out of range or of an empty slot, sample batch larger than the valid
-items, τ outside (0, ∞]) raise ``ValueError`` when called eagerly, and under ``jit`` either
-become ``checkify`` errors (``jit_checks=True``) or fall back safely: invalid priority writes
+items, no item of positive priority, τ outside (0, ∞], β outside [0, 1], negative versions)
+raise ``ValueError`` when called eagerly, and under ``jit`` either become ``checkify`` errors
+(``jit_checks=True`` or :func:`fresh_rl.checked`) or fall back safely: invalid priority writes
 and τ values are skipped and counted in ``state.num_rejected_writes``; an unsatisfiable sample
-returns ``mask=False`` and zero weights for every row, so a loss weighted by them is a no-op.
-An empty ``add`` batch raises ``ValueError`` (shapes are static, so also under ``jit``).
+(including one from a buffer whose priorities are all 0) returns ``mask=False`` and finite
+zero probabilities and weights for every row, so a loss weighted by them is a no-op; negative
+versions and β have no fallback (checked only under the switch). An empty ``add`` batch and
+non-integer (float) versions or indices raise ``ValueError`` (dtypes and shapes are static,
+so also under ``jit``).
 
 **Tree.** The priority tree is K-ary (``ReplayConfig.tree_fanout``, see
 :mod:`fresh_rl.replay.segment_tree`): a sample reads one row of K children per level, depth
@@ -82,7 +86,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from fresh_rl.replay import segment_tree, slot_set
-from fresh_rl.validation import check, is_traced, require_choice, require_in_range
+from fresh_rl.validation import (check, check_in_range, is_traced, require_choice, require_in_range,
+                                 require_int)
 
 SamplingMode = Literal["uniform", "per", "freshper"]
 
@@ -129,15 +134,10 @@ class ReplayConfig:
     tree_fanout: int = segment_tree.DEFAULT_FANOUT
 
     def __post_init__(self):
-        if not isinstance(self.capacity, int) or self.capacity <= 0:
-            raise ValueError(f"capacity must be a positive integer, got {self.capacity!r}")
-        if not isinstance(self.sample_batch_size, int) or not (
-            0 < self.sample_batch_size <= self.capacity
-        ):
-            raise ValueError(
-                f"sample_batch_size must be an integer in [1, capacity={self.capacity}], "
-                f"got {self.sample_batch_size!r}"
-            )
+        # NumPy / JAX integers are stored as Python ints (the config is a static jit argument)
+        object.__setattr__(self, "capacity", require_int("capacity", self.capacity, 1))
+        object.__setattr__(self, "sample_batch_size", require_int(
+            "sample_batch_size", self.sample_batch_size, 1, self.capacity))
         require_choice("sampling", self.sampling, ("uniform", "per", "freshper"))
         require_in_range("priority_exponent", self.priority_exponent, 0.0, 1.0)
         require_in_range("importance_exponent", self.importance_exponent, 0.0, 1.0)
@@ -223,7 +223,8 @@ class ReplaySample:
       importance_weights: ``[B]`` normalised w_i (1 for uniform sampling; 0 where ``mask`` is False).
       insert_version: ``[B]`` t_i.
       age: ``[B]`` current_version − t_i.
-      mask: ``[B]`` bool, False only under the jit fallback for an unsatisfiable request.
+      mask: ``[B]`` bool, False only under the jit fallback for an unsatisfiable request
+        (fewer valid items than B, or no item of positive priority).
     """
 
     indices: jax.Array
@@ -411,6 +412,15 @@ def _write_keys(
     )
 
 
+def _integers(name: str, values) -> jax.Array:
+    """``values`` as int32; ``ValueError`` naming ``name`` for a non-integer dtype (static, so
+    also under ``jit``: a float is never truncated to a slot or version)."""
+    values = jnp.asarray(values)
+    if not jnp.issubdtype(values.dtype, jnp.integer):
+        raise ValueError(f"{name} must be integers, got dtype {values.dtype}")
+    return values.astype(jnp.int32)
+
+
 def _priorities_ok(priorities):
     return jnp.isfinite(priorities) & (priorities >= 0)
 
@@ -442,7 +452,9 @@ def _add(
         trajectories,
         state.experience,
     )
-    versions = jnp.broadcast_to(jnp.asarray(versions, jnp.int32), (batch_size,))
+    versions = jnp.broadcast_to(_integers("add: versions", versions), (batch_size,))
+    check(jnp.all(versions >= 0), "add: versions must be integers >= 0 (got a negative version)",
+          config.jit_checks)
     slots = (state.write_position + jnp.arange(batch_size, dtype=jnp.int32)) % config.capacity
 
     experience = jax.tree.map(lambda buf, x: buf.at[slots].set(x), state.experience, trajectories)
@@ -536,9 +548,15 @@ def _sample(
         f"(got {state.num_valid if not is_traced(state.num_valid) else 'fewer'})",
         config.jit_checks,
     )
+    if config.prioritized:
+        mass = (_floor_key_and_mass(config, state)[1] if config.floored
+                else segment_tree.total(state.priority_tree)[0])
+        has_mass = mass > 0
+        check(has_mass, "sample: no stored item has a positive priority (every priority is 0), "
+              "nothing can be sampled", config.jit_checks)
+        satisfiable = satisfiable & has_mass
     beta = config.importance_exponent if importance_exponent is None else importance_exponent
-    if not is_traced(beta):
-        require_in_range("importance_exponent", float(beta), 0.0, 1.0)
+    check_in_range("importance_exponent", beta, 0.0, 1.0, jit_checks=config.jit_checks)
     now = state.latest_version if current_version is None else jnp.asarray(current_version)
 
     if config.floored:
@@ -602,9 +620,9 @@ def _set_priorities(
     NaN/inf/negative priorities and on indices outside ``[0, capacity)`` or of empty slots;
     the jit fallback skips those writes and counts them in ``num_rejected_writes``.
     """
+    indices = _integers("set_priorities: indices", indices)
     if not config.prioritized:
         return state
-    indices = jnp.asarray(indices, jnp.int32)
     priorities = jnp.asarray(priorities, jnp.float32)
     chex.assert_rank(indices, 1)
     chex.assert_shape(priorities, indices.shape)
@@ -649,7 +667,7 @@ def _set_age_decay_tau(config: ReplayConfig, state: ReplayState, age_decay_tau) 
         raise ValueError(f"set_age_decay_tau needs sampling='freshper', got {config.sampling!r}")
     tau = jnp.asarray(age_decay_tau, jnp.float32)
     if not is_traced(tau):
-        require_in_range("age_decay_tau", float(tau), 0.0, math.inf, low_inclusive=False)
+        require_in_range("age_decay_tau", tau, 0.0, math.inf, low_inclusive=False)
     tau_ok = tau > 0  # False for NaN
     check(tau_ok, "set_age_decay_tau: age_decay_tau must be in (0, inf] (got NaN or <= 0)",
           config.jit_checks)
