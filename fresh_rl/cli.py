@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import dataclasses
 import functools
 import json
 import math
+import re
 import runpy
 import sys
 import typing
@@ -121,6 +121,10 @@ class _Typed(argparse.Action):
         self.parse = parse
 
     def __call__(self, parser, namespace, values, option_string=None):
+        given = namespace.__dict__.setdefault("given_options", {})
+        if self.dest in given:
+            parser.error(f"{option_string} is given twice ({given[self.dest]!r} and {values!r}); give it once")
+        given[self.dest] = values
         try:
             setattr(namespace, self.dest, self.parse(values))
         except ValueError as err:
@@ -187,18 +191,15 @@ def build_config(cls, args: argparse.Namespace, **extra):
 
 
 def write_metrics(out: Path, rows: Sequence[dict], tensorboard: bool = False) -> None:
-    """``metrics.csv`` and ``metrics.jsonl`` (and TensorBoard events) from per-step dict rows."""
+    """``metrics.csv`` and ``metrics.jsonl`` (and TensorBoard events) from per-step dict rows,
+    each file written whole or not at all (:func:`fresh_rl.provenance.write_atomic`)."""
+    from fresh_rl.provenance import write_atomic, write_csv
+
     out.mkdir(parents=True, exist_ok=True)
     if not rows:
         return
-    names = list(rows[0])
-    with open(out / "metrics.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=names)
-        writer.writeheader()
-        writer.writerows(rows)
-    with open(out / "metrics.jsonl", "w") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+    write_csv(out / "metrics.csv", rows)
+    write_atomic(out / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
     if tensorboard:
         try:
             from tensorboardX import SummaryWriter
@@ -232,19 +233,67 @@ def _control_config(args):
     return build_config(TrainConfig, args, **extra)
 
 
+def _refuse_unused_options(args, config) -> None:
+    """``ValueError`` for a given option the run would ignore: another method's loss settings,
+    or ``--init_log_std`` (the Gaussian policy's) on a task with discrete actions."""
+    from fresh_rl.control.methods import METHODS
+
+    given = [k[4:] for k, v in vars(args).items() if k.startswith("cfg:") and v is not None]
+    method_only = {head for m in METHODS.values() for head in m.loss_config}
+    uses = config.method_spec.loss_config
+    for name in given:
+        head = name.partition(".")[0]
+        if head in method_only and head not in uses:
+            raise ValueError(f"--{name} has no effect: method {config.method!r} reads "
+                             f"{', '.join(f'--{u}' for u in uses) or 'no loss settings'}, not --{head}")
+    if "init_log_std" in given and config.vec_env.spec.discrete:
+        raise ValueError(f"--init_log_std has no effect: {config.env_name} has discrete actions "
+                         "(it sets the log-std of a Gaussian policy, for continuous actions)")
+
+
+def _output_folder(args, kind: str, identity: dict) -> Path:
+    """``--out``, or a fresh ``runs/<kind>-<time>-<hash>`` folder when not given (printed)."""
+    from fresh_rl.sweep.identity import default_output
+
+    if args.out is None:
+        args.out = str(default_output(kind, identity))
+        print(f"no --out given: writing to {args.out}")
+        require_output_dir("--out", args.out)
+    return Path(args.out)
+
+
+def _claim(args, identity: dict) -> None:
+    """Record ``identity`` in ``--out`` before any work (``RunIdentityError`` if another run owns it)."""
+    from fresh_rl.provenance import COMMIT_AT_START
+    from fresh_rl.sweep.identity import claim_folder
+
+    claim_folder(args.out, identity, {"commit": COMMIT_AT_START, "command": _command(args)})
+
+
+def _command(args) -> str:
+    """The command line that (re)runs this run, ``--out`` included."""
+    argv = [*args.argv, *([] if "--out" in args.argv else ["--out", str(args.out)])]
+    return " ".join(["fresh-rl", *argv])
+
+
 def cmd_train(args) -> None:
     from fresh_rl.control import HyperParams, init_state, train_iteration
     from fresh_rl.sweep import RunCheckpointer, output_lock, progress_printer, run_loop, seed_key, split_run_key
+    from fresh_rl.sweep.identity import config_fields, fingerprint
 
-    require_output_dir("--out", args.out)
+    if args.out is not None:
+        require_output_dir("--out", args.out)
     config = _control_config(args)
     hparams = HyperParams.from_config(config)
     hparams.validate(config)
-    out = Path(args.out)
+    _refuse_unused_options(args, config)
+    identity = {"command": "train", "seed": args.seed, **config_fields(config)}
+    out = _output_folder(args, "train", identity)
     key_init, key_loop = split_run_key(seed_key(args.seed))
     every = args.checkpoint_every or config.num_iterations
-    with output_lock(out):  # one writer per folder; the seed is part of the run's identity
-        checkpointer = RunCheckpointer(out / "checkpoints", fingerprint=f"seed={args.seed} {config!r}")
+    with output_lock(out):  # one writer per folder, owned by one run (the seed included)
+        _claim(args, identity)
+        checkpointer = RunCheckpointer(out / "checkpoints", fingerprint=fingerprint(identity))
         _, metrics = run_loop(
             lambda state, key: train_iteration(config, state, key, hparams),
             init_state(config, key_init, hparams), key_loop, config.num_iterations,
@@ -252,7 +301,6 @@ def cmd_train(args) -> None:
             on_progress=progress_printer(f"{config.method} on {config.env_name}"),
         )
         write_metrics(out, _metric_rows(metrics), args.tensorboard)
-        (out / "config.txt").write_text(f"seed={args.seed}\n{config!r}\n")
     last = np.asarray(metrics["episode_return"])[-max(1, config.num_iterations // 10):].mean()
     print(f"final episode return (last 10% of iterations): {last:.2f}; metrics in {out}")
 
@@ -311,20 +359,28 @@ def cmd_sweep(args) -> None:
     import jax
 
     from fresh_rl.sweep import RunCheckpointer, is_primary, nonfinite_cells, output_lock, run_sharded, to_host
+    from fresh_rl.sweep.identity import config_fields, fingerprint
 
-    require_output_dir("--out", args.out)
+    if args.out is not None:
+        require_output_dir("--out", args.out)
     grid_values = _parse_grid(args.grid)
     extra = {}
-    if "lag" in grid_values:
-        extra["delay"] = DelayConfig.fixed(0, max(grid_values["lag"]) + 1)
+    if "lag" in grid_values:  # a ring for the largest lag; a negative lag is named by validate
+        extra["delay"] = DelayConfig.fixed(0, max(0, *grid_values["lag"]) + 1)
     config = build_config(TrainConfig, args, **extra)
+    _refuse_unused_options(args, config)
     grid, hparams = sweep_grid(config, args.seeds, args.seed, grid_values)
     hparams.validate(config)
+    identity = {"command": "sweep", "seed": args.seed, "seeds": args.seeds,
+                **{f"grid.{name}": values for name, values in grid_values.items()}, **config_fields(config)}
     fn = lambda key, hp: train(config, key, hp).metrics  # noqa: E731
     primary = is_primary()  # several processes (fresh-rl launch, pods): process 0 writes
+    _output_folder(args, "sweep", identity)
     with output_lock(args.out) if primary else contextlib.nullcontext():
+        if primary:
+            _claim(args, identity)
         checkpointer = None if args.chunk_size is None else RunCheckpointer(
-            Path(args.out) / "checkpoints", fingerprint=f"{grid.rows!r} {config!r}")
+            Path(args.out) / "checkpoints", fingerprint=fingerprint(identity))
         metrics = to_host(run_sharded(fn, grid.keys, hparams, chunk_size=args.chunk_size, pad=not args.no_pad,
                                       checkpointer=checkpointer))
         failed = nonfinite_cells(metrics)  # {cell: (first iteration, metric)}
@@ -376,7 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     train_p = sub.add_parser("train", help="one control run with checkpoints (resumes if interrupted)")
-    train_p.add_argument("--out", default="runs/train", help="output directory (default: runs/train)")
+    train_p.add_argument("--out", action=_Typed, parse=str, default=None,
+                         help="output folder, owned by this run (default: a fresh runs/train-<time>-<hash>)")
     train_p.add_argument("--seed", action=_Typed, parse=_int_in(0, MAX_SEED), default=0,
                          help=f"run seed in [0, {MAX_SEED}] (default: 0)")
     train_p.add_argument("--lag", action=_Typed, parse=_int_in(0), default=None,
@@ -387,7 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(train_p, TrainConfig)
 
     sweep_p = sub.add_parser("sweep", help="seeds × grid as one vmapped program sharded over all devices")
-    sweep_p.add_argument("--out", default="runs/sweep")
+    sweep_p.add_argument("--out", action=_Typed, parse=str, default=None,
+                         help="output folder, owned by this sweep (default: a fresh runs/sweep-<time>-<hash>)")
     sweep_p.add_argument("--seed", action=_Typed, parse=_int_in(0, MAX_SEED), default=0,
                          help="first seed (default: 0); seeds seed … seed + seeds − 1 are run")
     sweep_p.add_argument("--seeds", action=_Typed, parse=_int_in(1), default=5,
@@ -425,6 +483,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_NEGATIVE_VALUE = re.compile(r"-(\d|\.\d|inf|nan)[^\s]*", re.IGNORECASE)
+
+
+def _join_negative_values(argv: list) -> list:
+    """``--option -4,8`` → ``--option=-4,8``: argparse would read a negative value that is not a
+    plain number (a list, ``-1e-5``) as an option; joined, it is parsed and range-checked."""
+    joined = []
+    for token in argv:
+        previous = joined[-1] if joined else ""
+        if _NEGATIVE_VALUE.fullmatch(token) and previous.startswith("--") and "=" not in previous:
+            joined[-1] = f"{previous}={token}"
+        else:
+            joined.append(token)
+    return joined
+
+
 def main(argv: Optional[Sequence[str]] = None) -> Any:
     from fresh_rl.sweep.distributed import DistributedSetupError, initialize_distributed
 
@@ -433,7 +507,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Any:
     except DistributedSetupError as err:
         raise SystemExit(f"error: {err}") from err
     parser = build_parser()
+    argv = _join_negative_values(sys.argv[1:] if argv is None else list(argv))
     args, rest = parser.parse_known_args(argv)
+    args.argv = argv
     if args.command in ("experiment", "figures"):
         # Every experiment script resumes from its saved runs, so `figures` (the same call)
         # only redraws what `experiment` computed.
@@ -445,8 +521,17 @@ def main(argv: Optional[Sequence[str]] = None) -> Any:
     enable_from_args(args)
     from fresh_rl.sweep import FolderLockedError, NonFiniteError
 
+    from fresh_rl.provenance import OutputWriteError
+
     try:
         return {"train": cmd_train, "sweep": cmd_sweep}[args.command](args)
     except (ValueError, NonFiniteError, FolderLockedError, DistributedSetupError) as err:
         # config validation, corrupt or foreign checkpoints, non-finite runs, locked folders
         raise SystemExit(f"error: {err}") from err
+    except OSError as err:  # a full disk, an unwritable or virtual --out (/proc/…)
+        where = "" if isinstance(err, OutputWriteError) else f"--out {args.out}: "
+        raise SystemExit(f"fresh-rl: {where}{err}") from err
+    except KeyboardInterrupt:
+        restart = "" if args.command == "train" or args.chunk_size else " (it restarts: no --chunk-size)"
+        print(f"fresh-rl: interrupted; resume with: {_command(args)}{restart}", file=sys.stderr)
+        raise SystemExit(130) from None

@@ -183,8 +183,9 @@ def _report_at_exit(path: Path) -> None:
     meter = CompileMeter()
 
     def write() -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"total": meter.total, **meter.seconds}) + "\n")
+        from fresh_rl.provenance import write_atomic
+
+        write_atomic(path, json.dumps({"total": meter.total, **meter.seconds}) + "\n")
 
     atexit.register(write)
 

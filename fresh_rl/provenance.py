@@ -1,4 +1,4 @@
-"""Where a result came from: commit, machine, command and wall time, and the one CSV writer.
+"""Where a result came from: commit, machine, command and wall time, and the one file writer.
 
 Every experiment and benchmark stamps its outputs through these helpers, so a results/
 README always names the exact command, the commit, the machine and the wall time. A commit
@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import IO, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 REPOSITORY_ROOT = Path(__file__).resolve().parents[1]
 
@@ -164,26 +164,55 @@ def provenance_line(info: Mapping) -> str:
     return text + "."
 
 
+class OutputWriteError(OSError):
+    """A result file that could not be written (the previous version, if any, is kept)."""
+
+
+def write_atomic(path, content: Union[str, bytes, Callable[[IO], None]], binary: bool = False) -> Path:
+    """Write ``content`` to ``path`` all at once: a str, bytes, or a function that writes to the
+    open file (text mode, ``newline=""``; ``binary=True`` for bytes, e.g. ``fig.savefig``). It goes
+    to a temporary file in the same folder, then ``os.replace``: a failed write leaves the
+    previous file (or none) and raises :class:`OutputWriteError` ``could not write PATH: cause``.
+    The one writer of every CSV, JSON and figure the package writes."""
+    path = Path(path)
+    binary = binary or isinstance(content, bytes)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("wb" if binary else "w", dir=path.parent, prefix=f".{path.name}.",
+                                         suffix=".tmp", delete=False, **({} if binary else {"newline": ""})) as f:
+            tmp = Path(f.name)
+            content(f) if callable(content) else f.write(content)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        raise OutputWriteError(f"could not write {path}: {err}") from err
+    finally:
+        if tmp is not None and tmp.exists():
+            tmp.unlink()
+    return path
+
+
 def write_csv(path, rows: Iterable[Mapping]) -> None:
     """One row per mapping; the header is the union of the rows' keys in first-seen order
-    (missing cells empty). Written to a temporary file and renamed, so a reader never sees
-    half a table."""
+    (missing cells empty), written by :func:`write_atomic` (a reader never sees half a table)."""
     rows = list(rows)
     if not rows:
         raise ValueError(f"write_csv({path}): no rows to write")
     names: dict[str, None] = {}
     for row in rows:
         names.update(dict.fromkeys(row))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
+
+    def write(f) -> None:
         writer = csv.DictWriter(f, fieldnames=list(names), restval="")
         writer.writeheader()
         writer.writerows(rows)
-    tmp.replace(path)
+
+    write_atomic(path, write)
 
 
-__all__ = ["ALLOW_DIRTY_ENV", "REPOSITORY_ROOT", "DirtyCheckoutError", "command_line", "git_commit", "last_commit",
+__all__ = ["ALLOW_DIRTY_ENV", "REPOSITORY_ROOT", "DirtyCheckoutError", "OutputWriteError", "command_line", "git_commit",
+           "last_commit",
            "machine_description", "measure_at_revision", "provenance", "provenance_line", "replace_label_rows",
-           "require_clean", "write_csv"]
+           "require_clean", "write_atomic", "write_csv"]

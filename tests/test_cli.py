@@ -3,6 +3,7 @@ typed and validated, ``train`` writes metrics and checkpoints and resumes, ``swe
 import csv
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 
@@ -70,3 +71,23 @@ def test_sweep_writes_one_row_per_run_and_iteration(tmp_path):
     assert len(rows) == 2 * 2 * 3  # seeds × lags × iterations
     last = {(r["seed"], r["lag"]): float(r["lag/version_gap_mean"]) for r in rows if r["iteration"] == "2"}
     assert last[("0", "0")] == 0.0 and last[("1", "2")] == 2.0
+
+
+def test_default_output_is_a_fresh_folder_and_ctrl_c_prints_the_resume_command(tmp_path, monkeypatch, capsys):
+    import fresh_rl.sweep
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(fresh_rl.sweep, "run_loop", interrupted)
+    with pytest.raises(SystemExit) as info:
+        cli.main(["train", *TINY, "--seed", "2"])
+    assert info.value.code == 130
+    (out,) = (tmp_path / "runs").iterdir()  # runs/train-<time>-<hash>, claimed before any work
+    assert re.fullmatch(r"train-\d{8}-\d{6}-[0-9a-f]{6}", out.name)
+    assert json.loads((out / "run.json").read_text())["identity"]["seed"] == 2
+    captured = capsys.readouterr()
+    assert f"no --out given: writing to runs/{out.name}" in captured.out
+    assert captured.err.strip() == ("fresh-rl: interrupted; resume with: fresh-rl train "
+                                    f"{' '.join(TINY)} --seed 2 --out runs/{out.name}")

@@ -165,14 +165,50 @@ def test_cli_nonfinite_run_exits_nonzero_naming_the_step(tmp_path):
     assert not (tmp_path / "metrics.csv").exists()
 
 
-def test_cli_seed_is_part_of_the_run_identity(tmp_path):
+def test_cli_seed_is_part_of_the_run_identity_and_a_cut_write_keeps_the_old_file(tmp_path, monkeypatch):
     main(["train", "--out", str(tmp_path), "--seed", "3", *TINY])
     first = (tmp_path / "metrics.csv").read_text()
-    with pytest.raises(SystemExit, match=r"another configuration or seed.*\n  saved:   seed=3 .*\n  current: seed=4"):
+    with pytest.raises(SystemExit, match=rf"^error: --out {tmp_path} belongs to another run: seed 3 → 4 \("):
         main(["train", "--out", str(tmp_path), "--seed", "4", *TINY])
     assert (tmp_path / "metrics.csv").read_text() == first  # the finished run is untouched
     main(["train", "--out", str(tmp_path), "--seed", "3", *TINY])  # same identity: restored
     assert (tmp_path / "metrics.csv").read_text() == first
+
+    def disk_full(self, rows):  # half the rows reach the file, then the disk is full
+        self.writer.writerow(list(rows[0].values()))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", disk_full)
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--out", str(tmp_path), "--seed", "3", *TINY])
+    assert str(info.value) == f"fresh-rl: could not write {tmp_path / 'metrics.csv'}: [Errno 28] No space left on device"
+    assert (tmp_path / "metrics.csv").read_text() == first  # the old file, whole
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]  # no partial file left
+
+
+def test_a_cut_first_write_leaves_no_file(tmp_path, monkeypatch):
+    from fresh_rl.provenance import OutputWriteError, write_atomic
+
+    def cut(f):
+        f.write("half a tab")
+        raise OSError(5, "Input/output error")
+
+    with pytest.raises(OutputWriteError, match=r"could not write .*table\.csv: \[Errno 5\] Input/output error"):
+        write_atomic(tmp_path / "table.csv", cut)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_checkpoint_of_another_run_names_only_the_differing_fields(tmp_path):
+    from fresh_rl.sweep import RunIdentityError
+    from fresh_rl.sweep.identity import fingerprint
+
+    run = {"command": "sweep", "seed": 0, "learning_rate": 3e-4, "hidden_sizes": [64, 64]}
+    RunCheckpointer(tmp_path, fingerprint(run)).save(1, {"x": jnp.ones(2)})
+    other = RunCheckpointer(tmp_path, fingerprint({**run, "seed": 5, "learning_rate": 1e-3}))
+    with pytest.raises(RunIdentityError) as info:
+        other.restore_latest({"x": jax.ShapeDtypeStruct((2,), jnp.float32)})
+    assert "learning_rate 0.0003 → 0.001, seed 0 → 5 (" in str(info.value)
+    assert len(str(info.value)) < 300 and "hidden_sizes" not in str(info.value)
 
 
 def test_cli_second_run_on_a_busy_folder_fails_at_once_and_the_first_finishes(tmp_path):
@@ -211,6 +247,16 @@ def test_cli_sweep_marks_nonfinite_cells_and_keeps_the_rest(tmp_path):
     assert marked == {(seed, lr): "0" if lr == "1e+30" else "-1" for seed in ("0", "1") for lr in ("0.0003", "1e+30")}
     good = [r for r in rows if float(r["learning_rate"]) < 1]
     assert all(np.isfinite(float(r["loss/loss"])) for r in good)
+    # the finished sweep owns its folder (no --chunk-size, so no checkpoint): another sweep or a
+    # train run is refused before it computes, naming what differs, and the metrics stay
+    before = (tmp_path / "metrics.csv").read_text()
+    with pytest.raises(SystemExit, match=r"belongs to another run: seed 0 → 5, seeds 2 → 1, "
+                                         r"grid\.learning_rate \[0\.0003, 1e\+30\] → \[0\.001\] \("):
+        main(["sweep", "--out", str(tmp_path), "--seed", "5", "--seeds", "1", "--grid", "learning_rate=0.001",
+              *TINY])
+    with pytest.raises(SystemExit, match=r"belongs to another run: command sweep → train, seeds 2 → \(none\)"):
+        main(["train", "--out", str(tmp_path), *TINY])
+    assert (tmp_path / "metrics.csv").read_text() == before
 
 
 def test_one_rule_for_metrics_and_state_inf_is_a_value_except_in_losses_gradients_parameters():

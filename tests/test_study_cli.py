@@ -31,3 +31,15 @@ def test_an_unknown_scale_names_the_flag_and_the_choices(tmp_path, capsys):
         study_main("a study", {"ci": 1, "cpu": 2}, tmp_path, _recorder([]), ["--scale", "huge"])
     err = capsys.readouterr().err
     assert "--scale" in err and "'ci'" in err and "'cpu'" in err
+
+
+def test_a_folder_of_another_scale_is_refused_unless_fresh(tmp_path, capsys):
+    calls = []
+    study_main("a study", {"ci": 1, "cpu": 2}, tmp_path / "study", _recorder(calls), ["--no-compilation-cache"])
+    with pytest.raises(SystemExit):
+        study_main("a study", {"ci": 1, "cpu": 2}, tmp_path / "study", _recorder(calls),
+                   ["--scale", "cpu", "--no-compilation-cache"])
+    assert "belongs to another run: scale ci → cpu" in capsys.readouterr().err
+    study_main("a study", {"ci": 1, "cpu": 2}, tmp_path / "study", _recorder(calls),
+               ["--scale", "cpu", "--fresh", "--no-compilation-cache"])
+    assert [c[0] for c in calls] == ["ci", "cpu"]

@@ -194,7 +194,7 @@ def test_run_loop_resumes_from_its_checkpoint_with_the_same_keys(tmp_path):
         _toy_run(key_loop, 9, checkpointer=RunCheckpointer(folder, "toy"), checkpoint_every=3,
                  steps_per_call=2, log=crash_at_step_4)
     assert RunCheckpointer(folder, "toy").steps() == [3]
-    with pytest.raises(CheckpointError, match="another configuration"):
+    with pytest.raises(RunIdentityError, match="saved by another run: saved .toy., current .other."):
         _toy_run(key_loop, 9, checkpointer=RunCheckpointer(folder, "other"))
     progress = []
     state, resumed = _toy_run(key_loop, 9, checkpointer=RunCheckpointer(folder, "toy"),
@@ -290,7 +290,7 @@ def test_corrupt_checkpoint_is_detected_skipped_and_kept_aside(tmp_path, uninter
     assert checkpointer.steps() == [4, 6]  # max_to_keep = 2
     state, metrics = uninterrupted
     abstract = jax.eval_shape(lambda: {"state": state, "history": metrics})
-    with pytest.raises(RunIdentityError, match="another configuration or seed"):
+    with pytest.raises(RunIdentityError, match="saved by another run: saved .TrainConfig"):
         RunCheckpointer(tmp_path, "a different config").restore_latest(abstract)
     if damage == "flip_bytes":  # the byte-flip case: 64 bytes XORed in the largest file
         _flip_bytes_in_largest_file(tmp_path / "6")

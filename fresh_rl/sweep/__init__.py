@@ -12,6 +12,8 @@
   :func:`progress_printer`.
 * :mod:`.integrity` — content checksums and the non-finite guard (:class:`NonFiniteError`).
 * :mod:`.lock` — :func:`output_lock`, one writer per output folder.
+* :mod:`.identity` — :func:`claim_folder`, one owner per output folder (the run's identity in
+  ``run.json``, refused to another run with the differing fields named).
 * :mod:`.study_cli` — :func:`study_main`, the command line of the resumable study scripts
   (``--scale``, ``--out``, ``--seed``, ``--fresh``, the compilation-cache flags).
 """
@@ -19,6 +21,7 @@ from fresh_rl.sweep.checkpoint import CheckpointError, RunCheckpointer, RunIdent
 from fresh_rl.sweep.distributed import (DistributedSetupError, LaunchError, initialize_distributed, is_primary,
                                         launch_local)
 from fresh_rl.sweep.grid import Grid, grid_mesh, product_grid, run_sharded, to_host
+from fresh_rl.sweep.identity import claim_folder
 from fresh_rl.sweep.integrity import NonFiniteError, nonfinite_cells, tree_checksum
 from fresh_rl.sweep.keys import seed_key, seed_keys, split_run_key, step_key, step_keys
 from fresh_rl.sweep.lock import FolderLockedError, output_lock
@@ -33,6 +36,7 @@ __all__ = [
     "NonFiniteError",
     "RunCheckpointer",
     "RunIdentityError",
+    "claim_folder",
     "grid_mesh",
     "initialize_distributed",
     "is_primary",

@@ -19,8 +19,9 @@ Verification:
   moved aside to ``<step>.corrupt`` (kept for inspection, never deleted); the newest good one
   is restored instead. ``fallback=False`` raises :class:`CheckpointError` instead.
 * **Run identity**: the fingerprint is a string naming everything that changes the numbers
-  (configuration, seed, …); a checkpoint saved under another one raises
-  :class:`RunIdentityError` showing both, whatever ``fallback`` says.
+  (configuration, seed, …; :func:`fresh_rl.sweep.identity.fingerprint`); a checkpoint saved
+  under another one raises :class:`~fresh_rl.sweep.identity.RunIdentityError` naming the
+  differing fields, whatever ``fallback`` says.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from fresh_rl.sweep.identity import RunIdentityError, fingerprint_diff
 from fresh_rl.sweep.integrity import NonFiniteError, inspect_for_checkpoint, tree_checksum
 from fresh_rl.validation import require_int
 
@@ -36,18 +38,14 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used (corrupt, unreadable, incompatible with the state)."""
 
 
-class RunIdentityError(CheckpointError):
-    """A checkpoint written by another run (its fingerprint differs from this run's)."""
-
-
 class RunCheckpointer:
     """Verified orbax checkpoints of one run in ``directory`` (steps as sub-directories).
 
     Args:
       directory: created if missing.
       fingerprint: a string identifying the run: every setting that changes its numbers,
-        seed included (e.g. ``f"seed={seed} {config!r}"``); restoring a checkpoint saved under
-        another fingerprint raises :class:`RunIdentityError`.
+        seed included (:func:`fresh_rl.sweep.identity.fingerprint` of the run's identity);
+        restoring a checkpoint saved under another fingerprint raises :class:`RunIdentityError`.
       max_to_keep: newest checkpoints kept (≥ 2, so a corrupt newest one leaves a good one).
     """
 
@@ -102,10 +100,10 @@ class RunCheckpointer:
         where = self.directory / str(step)
         meta = self._meta(step)
         if meta.get("fingerprint") != self.fingerprint:
+            diff = fingerprint_diff(meta.get("fingerprint"), self.fingerprint)
             raise RunIdentityError(
-                f"checkpoint {where} was saved by another run (another configuration or seed):\n"
-                f"  saved:   {meta.get('fingerprint')}\n  current: {self.fingerprint}\n"
-                "resume with the saved settings, or write this run to another folder")
+                f"checkpoint {where} was saved by another run: {diff} "
+                "(resume with the saved settings, or write this run to another folder)")
         try:
             restored = self._manager.restore(step, args=args.Composite(run=args.StandardRestore(abstract_tree)))
         except Exception as err:

@@ -34,6 +34,8 @@ from fresh_rl.sweep.keys import seed_keys
 from fresh_rl.validation import require_int
 
 GRID_AXIS = "grid"
+MAX_GRID_POINTS = 1_000_000
+"""Largest grid :func:`product_grid` builds (its rows alone take about a kilobyte each)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,11 +61,17 @@ class Grid:
 def product_grid(num_seeds: int, seed: int = 0, **values: Sequence) -> Grid:
     """Cartesian product of the seeds ``seed … seed + num_seeds − 1`` and every
     hyperparameter's values: seed fastest, then the hyperparameters from the last given to the
-    first (the first is slowest)."""
+    first (the first is slowest). ``ValueError`` before anything is built if the grid has more
+    than :data:`MAX_GRID_POINTS` points."""
     require_int("num_seeds", num_seeds, 1)
     for name, vals in values.items():
         if len(vals) == 0:
             raise ValueError(f"hyperparameter {name!r} needs at least one value")
+    size = num_seeds * math.prod(len(vals) for vals in values.values())
+    if size > MAX_GRID_POINTS:
+        axes = " × ".join([f"{num_seeds} seeds", *(f"{len(v)} {n}" for n, v in values.items())])
+        raise ValueError(f"the grid has {size:,} points ({axes}), more than MAX_GRID_POINTS = "
+                         f"{MAX_GRID_POINTS:,}; split it into several sweeps")
     names = list(values)
     rows = []
     for combo in itertools.product(*(values[n] for n in names)):

@@ -2,7 +2,9 @@
 
 ``python experiments/<study>.py --scale ci|cpu|paper [--out DIR] [--seed S] [--fresh]
 [--allow-dirty] [--compilation-cache …]`` runs ``run(scale_name, out_dir, seed, fresh)`` and prints the README
-it returns. Saved chunks under ``--out`` are reused unless ``--fresh``.
+it returns. Saved chunks under ``--out`` are reused unless ``--fresh``. The folder is claimed
+first (:func:`fresh_rl.sweep.identity.claim_folder`: study, scale and seed in ``run.json``): a
+folder holding another scale's or seed's results is refused, unless ``--fresh`` recomputes it.
 """
 from __future__ import annotations
 
@@ -12,13 +14,15 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
-from fresh_rl.provenance import ALLOW_DIRTY_ENV
+from fresh_rl.provenance import ALLOW_DIRTY_ENV, COMMIT_AT_START, command_line
+from fresh_rl.sweep.identity import RunIdentityError, claim_folder
 
 
 def study_main(description: str, scales: Mapping, default_out: Path,
                run: Callable[[str, Path, int, bool], str], argv: Optional[Sequence[str]] = None) -> None:
-    """Parse the study flags (``--scale`` one of ``scales``, default ``"ci"``), switch on the
-    compilation cache as asked, run the study and print its README."""
+    """Parse the study flags (``--scale`` one of ``scales``, default ``"ci"``), claim ``--out``
+    for this study, scale and seed, switch on the compilation cache as asked, run the study and
+    print its README."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--scale", choices=tuple(scales), default="ci")
     parser.add_argument("--out", type=Path, default=default_out)
@@ -28,6 +32,11 @@ def study_main(description: str, scales: Mapping, default_out: Path,
                         help="stamp the results even though the code has uncommitted edits (+dirty)")
     add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
+    identity = {"study": Path(default_out).name, "scale": args.scale, "seed": args.seed}
+    try:
+        claim_folder(args.out, identity, {"commit": COMMIT_AT_START, "command": command_line()}, force=args.fresh)
+    except RunIdentityError as err:
+        parser.exit(2, f"{parser.prog}: error: {err}; --fresh recomputes it\n")
     enable_from_args(args)
     if args.allow_dirty:
         os.environ[ALLOW_DIRTY_ENV] = "1"  # read by fresh_rl.provenance.provenance
