@@ -29,16 +29,22 @@ import numpy as np
 from jax.experimental import checkify
 
 
-def _number(name: str, value, what: str, kinds: str = "iuf"):
+def _is_real(dtype, integer_only: bool = False) -> bool:
+    """Integer (not bool) or, unless ``integer_only``, floating dtype (bfloat16 included)."""
+    return bool(jnp.issubdtype(dtype, jnp.integer)
+                or (not integer_only and jnp.issubdtype(dtype, jnp.floating)))
+
+
+def _number(name: str, value, what: str, integer_only: bool = False):
     """``value`` as a Python number when it is a concrete real scalar (Python, NumPy or 0-d
-    JAX array) whose dtype kind is in ``kinds``; ``ValueError`` naming ``name`` otherwise."""
+    JAX array; integer when ``integer_only``); ``ValueError`` naming ``name`` otherwise."""
     if not is_traced(value) and not isinstance(value, (str, bytes)):
         try:
             array = np.asarray(value)
         except (TypeError, ValueError):
             array = None
-        if array is not None and array.ndim == 0 and array.dtype.kind in kinds:
-            return array.item()
+        if array is not None and array.ndim == 0 and _is_real(array.dtype, integer_only):
+            return int(array) if jnp.issubdtype(array.dtype, jnp.integer) else float(array)
     raise ValueError(f"{name} must be {what}, got {value!r}")
 
 
@@ -71,7 +77,7 @@ def _interval(low, high, low_inclusive: bool, high_inclusive: bool) -> str:
 def require_int(name: str, value, low: float, high: float = math.inf) -> int:
     """Raise ``ValueError`` unless ``value`` is a concrete integer scalar (Python, NumPy or 0-d
     JAX; not a bool) in ``[low, high]``; returns it as a Python ``int``."""
-    number = _number(name, value, f"an integer in [{low}, {high}]", kinds="iu")
+    number = _number(name, value, f"an integer in [{low}, {high}]", integer_only=True)
     require_in_range(name, number, low, high)
     return number
 
@@ -124,37 +130,47 @@ _CHECKED = [0]  # depth of the active ``checked()`` contexts
 
 
 @contextlib.contextmanager
-def _checked_context():
+def _switch(clear_caches: bool):
+    """Switch on; with ``clear_caches`` JAX's in-memory traces are dropped on entering and on
+    leaving the outermost switch, so no trace made on one side is reused on the other."""
+    if clear_caches and not _CHECKED[0]:
+        jax.clear_caches()
     _CHECKED[0] += 1
     try:
         yield
     finally:
         _CHECKED[0] -= 1
+        if clear_caches and not _CHECKED[0]:
+            jax.clear_caches()
 
 
 def checked(fn=None):
     """Turns on the traced range checks of every building block (as ``jit_checks=True``).
 
-    ``with checked(): ...`` — while the block runs, functions *traced* inside it emit a
-    ``checkify.check`` for each documented range (δ, λ, discounts, β, τ, weights, buffer
-    versions and indices, ...): wrap jitted code in ``checkify.checkify`` and call
-    ``err.throw()`` (staging such a check without ``checkify`` is an error). Concrete values
-    raise ``ValueError`` with or without the switch.
+    ``with checked(): ...`` — code traced inside the block emits a ``checkify.check`` for each
+    documented range (δ, λ, discounts, β, τ, ESS weights, buffer versions and indices, ...):
+    wrap jitted code in ``checkify.checkify`` and call ``err.throw()`` (staging such a check
+    without ``checkify`` is an error). The switch is read when a function is traced, so the
+    outermost block clears JAX's in-memory trace and compile caches on entry and on exit:
+    code traced before is traced again inside, and nothing traced inside is reused outside
+    (the price is recompilation; the persistent compilation cache still applies).
 
-    ``checked(fn)`` — returns ``fn`` jitted and checkified, traced with the switch on, whose
-    calls raise ``checkify.JaxRuntimeError`` naming the field on a violation.
+    ``checked(fn)`` — returns ``fn`` jitted and checkified, traced with the switch on at its
+    first call (no cache clearing), whose calls raise ``checkify.JaxRuntimeError`` naming the
+    field on a violation. Pass the plain function: the body of an already-jitted ``fn``
+    traced with the switch off would be reused unchecked.
 
-    The switch is read when a function is traced: a function already jitted and traced with
-    the switch off keeps its unchecked compiled program (wrap the plain function instead).
-    Switched off (the default) nothing is emitted: the same jaxpr as without this module.
+    Concrete values raise ``ValueError`` with or without the switch. Off (the default),
+    nothing is emitted: the jaxpr and the compiled program are those without checks.
     """
     if fn is None:
-        return _checked_context()
-    checkified = jax.jit(checkify.checkify(fn))
+        return _switch(clear_caches=True)
+    # a fresh function, so no trace of ``fn`` made with the switch off is reused
+    checkified = jax.jit(checkify.checkify(lambda *args, **kwargs: fn(*args, **kwargs)))
 
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        with _checked_context():
+        with _switch(clear_caches=False):
             err, out = checkified(*args, **kwargs)
         err.throw()
         return out
@@ -201,7 +217,7 @@ def check_in_range(
     interval = _interval(low, high, low_inclusive, high_inclusive)
     if not is_traced(value):
         array = np.asarray(value)
-        if array.dtype.kind not in "iuf":
+        if not _is_real(array.dtype):
             raise ValueError(f"{name} must be a number in {interval}, got dtype {array.dtype}")
         above = array >= low if low_inclusive else array > low
         below = array <= high if high_inclusive else array < high
@@ -209,7 +225,7 @@ def check_in_range(
         if where is not None:
             bad &= np.asarray(where)
         if bad.any():
-            raise ValueError(f"{name} must be in {interval}, got {array[bad].flat[0].item()!r}")
+            raise ValueError(f"{name} must be in {interval}, got {_number(name, array[bad].flat[0], '')!r}")
         return
     if checks_enabled(jit_checks):
         value = jnp.asarray(value)

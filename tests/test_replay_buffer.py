@@ -397,6 +397,32 @@ def test_jit_fallback_skips_bad_writes_and_masks_unsatisfiable_samples():
     assert not np.any(s.mask) and np.all(np.asarray(s.importance_weights) == 0)
 
 
+@pytest.mark.parametrize("mode", ["per", "freshper"])
+def test_all_zero_priorities_sample_nothing(mode):
+    """No positive priority: eager sample raises; jitted, every row is masked with finite zero
+    probabilities and weights (exact zeros: ``where`` selects the constant 0)."""
+    buffer = make_trajectory_buffer(ReplayConfig(capacity=8, sample_batch_size=4, sampling=mode,
+                                                 new_item_priority="given"))
+    state = buffer.add(buffer.init(example_item()), make_batch(6, 0.0), 0, jnp.zeros(6))
+    with pytest.raises(ValueError, match="sample: no stored item has a positive priority"):
+        buffer.sample(state, jax.random.key(0))
+    s = jax.jit(buffer.sample)(state, jax.random.key(0))
+    assert not np.any(s.mask)
+    np.testing.assert_array_equal(s.importance_weights, 0.0)
+    np.testing.assert_array_equal(s.probabilities, 0.0)
+
+
+def test_integer_fields_take_numpy_and_jax_integers():
+    """Stored as Python ints (the config is a static jit argument: hashable, equal to the
+    Python-int config)."""
+    config = ReplayConfig(capacity=np.int64(8), sample_batch_size=jnp.int32(4))
+    assert config == ReplayConfig(capacity=8, sample_batch_size=4)
+    assert type(config.capacity) is int and type(config.sample_batch_size) is int
+    buffer = make_trajectory_buffer(config)
+    state = buffer.add(buffer.init(example_item()), make_batch(2, 0.0), np.int64(3))
+    assert int(state.latest_version) == 3
+
+
 def test_jit_checks_raise_through_checkify():
     buffer, state = _small_prioritized(jit_checks=True)
     checked = jax.jit(checkify.checkify(buffer.set_priorities))
