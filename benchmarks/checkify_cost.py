@@ -13,6 +13,7 @@ processes hits both alike. Writes results/bench/checkify.md.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import time
@@ -64,6 +65,7 @@ def main() -> None:
     args = parser.parse_args()
     started = time.perf_counter()
     info = provenance(allow_dirty=args.allow_dirty)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
 
     step, inputs = make_step()
     jaxpr_off = str(jax.make_jaxpr(step)(*inputs))
@@ -92,7 +94,8 @@ def main() -> None:
         "",
         f"One jitted step: `vaco_policy_loss` + `generalized_advantage_estimation` on [{BATCH}, {STEPS}] "
         f"float32 and a FreshPER `sample` of {SAMPLE} from {CAPACITY} items of [{STEPS}] (traced δ, λ, β).",
-        f"Median of {args.repeats} repeats of {args.inner} synchronised calls; off and on alternate.",
+        f"Median of {args.repeats} repeats of {args.inner} synchronised calls; off and on alternate "
+        f"(load average {load} at start: a shared machine inflates both sides, the ratio less).",
         "",
         "| switch | ms / step | ratio on/off |",
         "|---|---|---|",
