@@ -10,9 +10,16 @@
 Config fields become ``--name value`` options; nested configs use dotted names
 (``--vaco.delta``, ``--ppo_clip.epsilon``); tuples take comma-separated values
 (``--hidden_sizes 64,64``); booleans take true/false; ``None`` (capitalised) unsets an
-optional field; integers may be written ``1e6``. A value of the wrong type or out of range
-exits at once naming the option (``--num_envs expects an integer, got 'abc'``); ``--out``
-must be a writable (or creatable) folder, checked before any work. ``--lag k`` is a shortcut
+optional field; integers may be written ``1e6``, negative values as ``--adam_eps -1e-5``. A
+value of the wrong type or out of range, an option given twice, or one the method or task
+ignores (``--vaco.delta`` with ``--method ppo_clip``, ``--init_log_std`` with discrete actions)
+exits at once naming the option (``--num_envs expects an integer, got 'abc'``). ``--out`` must
+be a writable (or creatable) folder, checked before any work; a run records its identity in
+``<out>/run.json`` first and refuses a folder that another run owns, naming what differs
+(``--out swo belongs to another run: seed 0 → 5``); without ``--out`` each run gets a fresh
+``runs/<train|sweep>-<time>-<hash>`` folder. Every file is written whole or not at all (a
+failed write keeps the previous one); Ctrl-C exits 130 printing the command that resumes the
+run. ``--lag k`` is a shortcut
 for a fixed delay with a ring just large enough. Metrics go to ``metrics.csv`` and ``metrics.jsonl`` (one
 row per iteration; sweeps add one column per grid value) and, with ``--tensorboard``, to
 TensorBoard event files (needs the ``tensorboardX`` package).
