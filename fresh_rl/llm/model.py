@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fresh_rl.validation import require_int
+
 # Finite "minus infinity" so that a fully masked row gives a uniform (not NaN) softmax.
 _MASK_VALUE = -1e30
 
@@ -51,9 +53,8 @@ class Qwen2Config:
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"Qwen2Config.{name} must be an integer >= 1, got {value!r}")
+            # NumPy / JAX integers are stored as Python ints (the config is a static jit argument)
+            object.__setattr__(self, name, require_int(f"Qwen2Config.{name}", getattr(self, name), 1))
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"Qwen2Config.hidden_size ({self.hidden_size}) must be divisible by "

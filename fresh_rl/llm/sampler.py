@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fresh_rl.llm.model import KVCache, Qwen2Config, Qwen2LM, cast_params
+from fresh_rl.validation import require_int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,15 +50,13 @@ class SamplingConfig:
     logit_noise_std: float = 0.0
 
     def __post_init__(self):
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"SamplingConfig.max_new_tokens must be an integer >= 1, "
-                             f"got {self.max_new_tokens!r}")
+        # NumPy / JAX integers are stored as Python ints (the config is a static jit argument)
+        object.__setattr__(self, "max_new_tokens", require_int(
+            "SamplingConfig.max_new_tokens", self.max_new_tokens, 1))
+        object.__setattr__(self, "top_k", require_int("SamplingConfig.top_k (0 = off)", self.top_k, 0))
         if not self.temperature >= 0:
             raise ValueError(f"SamplingConfig.temperature must be >= 0 (0 = greedy), "
                              f"got {self.temperature}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"SamplingConfig.top_k must be an integer >= 0 (0 = off), "
-                             f"got {self.top_k!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p}")
         if not self.logit_noise_std >= 0:
