@@ -23,8 +23,8 @@ from jax.experimental import checkify
 
 from fresh_rl import checked, cli
 from fresh_rl.control import HyperParams, Method, TrainConfig, train
-from fresh_rl.corrections import (effective_sample_size, generalized_advantage_estimation, ppo_kl_loss,
-                                  vaco_policy_loss)
+from fresh_rl.corrections import (effective_sample_size, ewma_update, generalized_advantage_estimation,
+                                  init_ewma_reference, ppo_kl_loss, vaco_policy_loss)
 from fresh_rl.lag import DelayConfig
 from fresh_rl.llm.async_pipeline import AsyncConfig
 from fresh_rl.llm.checkpoint import config_from_hf, load_hf_checkpoint, read_safetensors, write_safetensors
@@ -173,6 +173,11 @@ def _buffer(priority=None):
         new_item_priority="max" if priority is None else "given"))
     state = buffer.init(jnp.zeros(()))
     return buffer, buffer.add(state, jnp.zeros(2), 0, None if priority is None else jnp.full(2, priority))
+
+
+def _ewma(beta):
+    params = {"w": jnp.zeros(3)}
+    return ewma_update(init_ewma_reference(params), params, beta=beta).params
 
 
 def _tied_lm_head(tmp):
@@ -477,6 +482,9 @@ CASES = [
              r"tokenizer_config\.json: cannot read the tokenizer config: Expecting value"),
     api_case("tokenizer-config-list", lambda tmp: _tokenizer_config(tmp, "[1]"),
              r"tokenizer_config\.json: must hold a JSON object, got list"),
+    api_case("ewma-beta-numpy", lambda tmp: _ewma(np.float32(1.5)), r"beta must be in \[0\.0, 1\.0\], got 1\.5"),
+    api_case("ewma-beta-traced", lambda tmp: checked(_ewma)(jnp.float32(-0.5)), r"beta must be in \[0\.0, 1\.0\]",
+             error=checkify.JaxRuntimeError),
 ]
 
 

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from fresh_rl.validation import require_choice, require_in_range
+from fresh_rl.validation import check_in_range, require_choice, require_in_range
 
 BETA_RULES = ("centre_of_mass", "mean_age", "one_minus_inverse")
 
@@ -97,7 +97,8 @@ def ewma_update(
     """``θ_ref ← β θ_ref + (1 − β) θ`` as one ``tree_map`` (Hilton et al. 2021, arXiv 2110.00641, PPO-EWMA).
 
     ``beta`` (optional, may be traced, e.g. derived from a staleness window held in state)
-    replaces ``config.beta`` (one of the two must be given); the caller keeps it in [0, 1]. Each leaf is combined in at least
+    replaces ``config.beta`` (one of the two must be given); it must lie in [0, 1] (concrete: ``ValueError``;
+    traced: checked under :func:`fresh_rl.checked`). Each leaf is combined in at least
     float32 and cast back to θ_ref's storage dtype. A bfloat16 θ_ref (of fp32 θ) rounds every mix to 8
     significant bits: a step (1 − β)(θ − θ_ref) under half a bf16 ulp (2⁻⁹ to 2⁻⁸ of |θ_ref|) is lost, so
     θ_ref may trail θ by up to about 2⁻⁸ |θ| / (1 − β) per leaf; float32 storage has no such floor.
@@ -107,6 +108,8 @@ def ewma_update(
         if config is None:
             raise ValueError("ewma_update needs config or beta")
         beta = config.beta
+    else:
+        check_in_range("beta", beta, 0.0, 1.0)
 
     def mix(ref, p):
         compute = jnp.promote_types(ref.dtype, jnp.float32)
@@ -126,11 +129,14 @@ def ewma_maybe_reset(
 
     ``active_fraction`` is ρ_active from :func:`decoupled_ppo_loss` computed with the current
     θ_ref. ``threshold`` (optional, may be traced, e.g. a hyperparameter held in state)
-    replaces ``config.reset_active_fraction``; with neither (or ``reset_active_fraction=None``)
-    the reference is returned unchanged. θ_ref keeps its storage dtype (θ is cast to it).
+    replaces ``config.reset_active_fraction`` and must lie in [0, 1] (checked as ``beta`` in
+    :func:`ewma_update`); with neither (or ``reset_active_fraction=None``) the reference is
+    returned unchanged. θ_ref keeps its storage dtype (θ is cast to it).
     """
     if threshold is None:
         threshold = None if config is None else config.reset_active_fraction
+    else:
+        check_in_range("threshold", threshold, 0.0, 1.0)
     if threshold is None:
         return reference
     chex.assert_trees_all_equal_shapes(reference.params, params)
