@@ -290,3 +290,31 @@ def test_llm_parameter_checkpoint_byte_flip_is_detected(tmp_path):
     nan_params = jax.tree.map(lambda x: x.at[(0,) * x.ndim].set(jnp.nan) if x.ndim else x, params)
     with pytest.raises(NonFiniteError, match="refusing to save non-finite parameters"):
         save_params(str(tmp_path / "q"), nan_params)
+
+
+def test_late_callbacks_into_a_closed_event_loop_are_dropped_and_nothing_else(tmp_path):
+    """A corrupt checkpoint's failed restore leaves tensorstore reads that call back into
+    orbax's closed event loop: one unraisable traceback each, dropped; other errors are kept."""
+    import asyncio
+    import types
+
+    from fresh_rl.sweep.checkpoint import _drop_closed_loop_callbacks
+
+    RunCheckpointer(tmp_path, "x")
+    assert sys.unraisablehook.drops_closed_loop_callbacks  # installed by the checkpointer
+    loop = asyncio.new_event_loop()
+    loop.close()
+    with pytest.raises(RuntimeError, match="Event loop is closed") as info:
+        loop.call_soon_threadsafe(print)
+    late = info.value
+    seen = []
+    hook = _drop_closed_loop_callbacks(seen.append)
+
+    def report(err, tb, obj=None):
+        hook(types.SimpleNamespace(exc_type=type(err), exc_value=err, exc_traceback=tb, err_msg=None, object=obj))
+
+    report(late, late.__traceback__.tb_next)  # called from C: asyncio frames only → dropped
+    report(late, late.__traceback__)  # a Python caller → kept
+    report(late, late.__traceback__.tb_next, obj=loop)  # raised for an object → kept
+    report(RuntimeError("Event loop is closed"), None)  # no frames → kept
+    assert len(seen) == 3

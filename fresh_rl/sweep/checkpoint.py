@@ -25,6 +25,9 @@ Verification:
 """
 from __future__ import annotations
 
+import asyncio.base_events
+import sys
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -36,6 +39,27 @@ from fresh_rl.validation import require_int
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used (corrupt, unreadable, incompatible with the state)."""
+
+
+def _is_closed_loop_callback(unraisable) -> bool:
+    """Whether an unraisable exception is tensorstore's late callback into the closed event
+    loop of a failed orbax restore: ``RuntimeError('Event loop is closed')``, no owning object,
+    every frame in asyncio's ``base_events`` (called from C: no Python caller)."""
+    frames = traceback.extract_tb(unraisable.exc_traceback)
+    return (unraisable.exc_type is RuntimeError and str(unraisable.exc_value) == "Event loop is closed"
+            and unraisable.object is None and bool(frames)
+            and all(frame.filename == asyncio.base_events.__file__ for frame in frames))
+
+
+def _drop_closed_loop_callbacks(hook):
+    """``sys.unraisablehook`` wrapper that drops only :func:`_is_closed_loop_callback`
+    exceptions: tensorstore reports one per pending read (dozens) when a corrupt checkpoint
+    fails to restore; the failure itself is reported once, by :class:`CheckpointError`."""
+    def filtered(unraisable):
+        if not _is_closed_loop_callback(unraisable):
+            hook(unraisable)
+    filtered.drops_closed_loop_callbacks = True
+    return filtered
 
 
 class RunCheckpointer:
@@ -53,6 +77,8 @@ class RunCheckpointer:
         import orbax.checkpoint as ocp
 
         require_int("max_to_keep", max_to_keep, 2)
+        if not getattr(sys.unraisablehook, "drops_closed_loop_callbacks", False):
+            sys.unraisablehook = _drop_closed_loop_callbacks(sys.unraisablehook)
         self.directory = Path(directory).resolve()
         self.fingerprint = fingerprint
         self._ocp = ocp
