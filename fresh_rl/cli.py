@@ -279,7 +279,8 @@ def _claim(args, identity: dict) -> None:
 
 def _command(args) -> str:
     """The command line that (re)runs this run, ``--out`` included."""
-    argv = [*args.argv, *([] if "--out" in args.argv else ["--out", str(args.out)])]
+    given = any(a == "--out" or a.startswith("--out=") for a in args.argv)
+    argv = [*args.argv, *([] if given else ["--out", str(args.out)])]
     return " ".join(["fresh-rl", *argv])
 
 
@@ -382,6 +383,8 @@ def cmd_sweep(args) -> None:
                 **{f"grid.{name}": values for name, values in grid_values.items()}, **config_fields(config)}
     fn = lambda key, hp: train(config, key, hp).metrics  # noqa: E731
     primary = is_primary()  # several processes (fresh-rl launch, pods): process 0 writes
+    if args.out is None and jax.process_count() > 1:  # each process would name its own folder
+        raise ValueError(f"--out is required for a sweep over {jax.process_count()} processes")
     _output_folder(args, "sweep", identity)
     with output_lock(args.out) if primary else contextlib.nullcontext():
         if primary:
