@@ -131,9 +131,11 @@ def env_only_jobs(args, env):
     return {"ours env only": (jax.jit(ours_run), total), "brax env only": (jax.jit(brax_run), total)}
 
 
-def time_side_by_side(args, env):
-    """Brax's trainer and our jobs interleaved in one process (see the module docstring)."""
+def time_side_by_side(args, env, names=None):
+    """Brax's trainer and our jobs interleaved in one process (see the module docstring);
+    ``names``: only these of our jobs (default all)."""
     jobs = {**our_jobs(args, env), **env_only_jobs(args, env)}
+    jobs = {name: job for name, job in jobs.items() if names is None or name in names}
     first, runs = {}, {name: [] for name in jobs}
     for name, (fn, _) in jobs.items():
         t0 = time.perf_counter()

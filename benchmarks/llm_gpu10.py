@@ -83,14 +83,17 @@ def _timed(compiled, args, repeats: int):
     return out, statistics.median(times)
 
 
-def measure(tiny: bool, remat: bool, repeats: int):
-    """``(rows, rl_config, env, model_config)``: one row per stage."""
+def stage_keys():
+    """``(collect key, update key)`` of the iteration's stages."""
+    return tuple(jax.random.split(jax.random.PRNGKey(1)))
+
+
+def stage_programs(rl, env, model) -> dict:
+    """The iteration's three stages, jitted: ``decode(params, key) → episodes``,
+    ``old_logprobs(params, episodes) → batch``, ``update(state, batch, key) → (state, metrics)``."""
     from fresh_rl.llm import trainer
 
-    rl, env, model, params = setup(tiny, remat)
-    state = trainer.init_train_state(rl, params)
-    k_collect, k_update = jax.random.split(jax.random.PRNGKey(1))
-    stages = {
+    return {
         "decode": jax.jit(lambda p, k: trainer.collect(p, k, config=rl, env=env,
                                                        model_config=model)),
         "old_logprobs": jax.jit(lambda p, e: trainer.prepare_batch(p, e, config=rl,
@@ -98,6 +101,16 @@ def measure(tiny: bool, remat: bool, repeats: int):
         "update": jax.jit(lambda s, b, k: trainer.update(s, b, k, config=rl,
                                                          model_config=model)),
     }
+
+
+def measure(tiny: bool, remat: bool, repeats: int):
+    """``(rows, rl_config, env, model_config)``: one row per stage."""
+    from fresh_rl.llm import trainer
+
+    rl, env, model, params = setup(tiny, remat)
+    state = trainer.init_train_state(rl, params)
+    k_collect, k_update = stage_keys()
+    stages = stage_programs(rl, env, model)
     rows, args = [], {"decode": (state.params, k_collect)}
     for name, fn in stages.items():
         start = time.perf_counter()
