@@ -58,6 +58,7 @@ from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, wr
 from fresh_rl.sweep import RunCheckpointer, output_lock, run_sharded
 from fresh_rl.sweep.keys import seed_keys
 from fresh_rl.sweep.study_cli import study_main
+from fresh_rl.validation import checked_result, checkify_if_checked
 
 RESULTS = REPOSITORY_ROOT / "results" / "old_logits_control"
 MAIN_THRESHOLD = 0.9  # the EWMA reset threshold of the route comparison (the library default)
@@ -208,7 +209,8 @@ def measure_costs(scale: Scale, out_dir: Path, seed: int, log=print) -> list[dic
         hp = olt.OldLogitHParams.from_grid(config, scale.num_seeds)
         # the route leaf unbatched: a real branch, so each call pays only its own route
         axes = olt.OldLogitHParams(control=0, route=None, ewma_beta=0, ewma_reset_threshold=0)
-        fn = jax.jit(jax.vmap(olt.train, (None, 0, axes)), static_argnums=0)
+        body, checkified = checkify_if_checked(jax.vmap(olt.train, (None, 0, axes)))  # --checked
+        fn = jax.jit(body, static_argnums=0)
         started = time.perf_counter()
         compiled = fn.lower(config, keys, hp.replace(route=hp.route[0])).compile()
         compile_s = time.perf_counter() - started
@@ -216,7 +218,7 @@ def measure_costs(scale: Scale, out_dir: Path, seed: int, log=print) -> list[dic
             route_hp = hp.replace(route=jnp.asarray(olt.route_index(route), jnp.int32))
             jax.block_until_ready(compiled(keys, route_hp))  # warm-up
             started = time.perf_counter()
-            out = jax.block_until_ready(compiled(keys, route_hp))
+            out = checked_result(jax.block_until_ready(compiled(keys, route_hp)), checkified)
             run_s = time.perf_counter() - started
             spec = olt.ROUTES[route]
             rows.append({"task": task.env_name, "window": window, "route": route, "exact": spec.exact,

@@ -31,7 +31,10 @@ before it is compiled. Seed ``s`` is the run key ``PRNGKey(s)`` in ``train --see
 includes it (``--seed b --seeds S`` runs seeds b … b + S − 1; docs/sweeps.md). Compiled programs
 are kept in JAX's persistent compilation cache (``fresh_rl.compilation_cache``; folder
 ``$FRESH_RL_COMPILATION_CACHE_DIR`` or ``~/.cache/fresh_rl/xla``, off with
-``--no-compilation-cache`` or ``FRESH_RL_COMPILATION_CACHE=0``).
+``--no-compilation-cache`` or ``FRESH_RL_COMPILATION_CACHE=0``). ``--checked`` (off by default:
+a debug switch) compiles the programs with the traced range checks of :func:`fresh_rl.checked`
+and stops at the first value out of range (``fresh-rl: a traced check failed: delta must be in
+…``), for a recompile and about 1.5× the run time of a step (results/bench/checkify.md).
 """
 from __future__ import annotations
 
@@ -52,7 +55,7 @@ import numpy as np
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
 from fresh_rl.sweep.keys import MAX_SEED
-from fresh_rl.validation import require_int, require_output_dir
+from fresh_rl.validation import CHECKED_HELP, checked, require_int, require_output_dir, traced_check_message
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 
@@ -473,6 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for p in (train_p, sweep_p):
         add_compilation_cache_flag(p)
+        p.add_argument("--checked", action="store_true", help=CHECKED_HELP)
 
     launch_p = sub.add_parser("launch", help="run a command (e.g. a sweep) as several local JAX processes",
                               description="Start N JAX processes on this machine (coordinator on 127.0.0.1, "
@@ -533,8 +537,13 @@ def main(argv: Optional[Sequence[str]] = None) -> Any:
 
     from fresh_rl.provenance import OutputWriteError
 
+    from jax.experimental import checkify
+
     try:
-        return {"train": cmd_train, "sweep": cmd_sweep}[args.command](args)
+        with checked() if args.checked else contextlib.nullcontext():
+            return {"train": cmd_train, "sweep": cmd_sweep}[args.command](args)
+    except checkify.JaxRuntimeError as err:  # --checked: a value out of range inside a program
+        raise SystemExit(f"fresh-rl: {traced_check_message(err)}") from err
     except (ValueError, NonFiniteError, FolderLockedError, DistributedSetupError) as err:
         # config validation, corrupt or foreign checkpoints, non-finite runs, locked folders
         raise SystemExit(f"error: {err}") from err

@@ -171,10 +171,40 @@ def checked(fn=None):
     @functools.wraps(fn)
     def run(*args, **kwargs):
         with _switch(clear_caches=False):
-            err, out = checkified(*args, **kwargs)
-        err.throw()
-        return out
+            result = checkified(*args, **kwargs)
+        return checked_result(result, True)
     return run
+
+
+def checkify_if_checked(fn):
+    """``(fn, False)`` with :func:`checked` off: the program compiled from it is the one
+    without checks. On: ``(checkify.checkify(fn), True)`` (user checks only), whose program
+    returns ``(error, out)`` for :func:`checked_result`."""
+    if not checks_enabled():
+        return fn, False
+    return checkify.checkify(fn), True
+
+
+def checked_result(result, checkified: bool):
+    """The output of a program built by :func:`checkify_if_checked`; when ``checkified``, first
+    raises ``checkify.JaxRuntimeError`` (naming the field and its range) for a failed check."""
+    if not checkified:
+        return result
+    err, out = result
+    err.throw()
+    return out
+
+
+CHECKED_HELP = ("debug switch, off by default: compile every program with the building blocks' traced "
+                "range checks (fresh_rl.checked) and stop at the first value out of range, naming the "
+                "field and its range; costs a recompile and about 1.5x the run time of a step "
+                "(results/bench/checkify.md)")
+"""Help text of the ``--checked`` flag of ``fresh-rl train``/``sweep`` and the study scripts."""
+
+
+def traced_check_message(err: checkify.JaxRuntimeError) -> str:
+    """One line for a failed traced check: ``a traced check failed: <field> must be in …``."""
+    return f"a traced check failed: {(str(err).splitlines() or [''])[0]}"
 
 
 def checks_enabled(jit_checks: bool = False) -> bool:

@@ -11,9 +11,12 @@ import pytest
 from jax.experimental import checkify
 
 import fresh_rl
+from fresh_rl import cli
 from fresh_rl.corrections import generalized_advantage_estimation, vaco_policy_loss
 from fresh_rl.replay import ReplayConfig, make_trajectory_buffer
+from fresh_rl.sweep import run_loop, run_sharded
 from fresh_rl.validation import check_in_range, checks_enabled, require_in_range, require_int
+from test_bad_inputs import TINY  # the tiny `fresh-rl train` options (5 iterations)
 
 
 def _step(delta, lambda_, beta, state, key, buffer):
@@ -76,3 +79,44 @@ def test_integers_of_any_kind_pass_and_bools_or_fractions_do_not():
             require_int("n", value, 1)
     with pytest.raises(ValueError, match=r"x must be a number in \[0\.0, 1\.0\], got True"):
         require_in_range("x", True, 0.0, 1.0)
+
+
+def _vaco_point(key, delta):
+    """A sweep point whose δ comes traced from the grid (a bad one is visible only inside)."""
+    x = jnp.zeros((2, 4))
+    return vaco_policy_loss(x, x, x, x, delta=delta)[0]
+
+
+def test_sweep_and_loop_programs_are_checkified_only_inside_the_switch(monkeypatch):
+    """Off: ``run_sharded`` compiles the plain program (no error outputs, no check op) and a bad δ
+    takes the safe fallback; on: the checkified one, and ``run_sharded``/``run_loop`` raise."""
+    traced = []
+    lower = jax.stages.Traced.lower
+    monkeypatch.setattr(jax.stages.Traced, "lower", lambda self, *a, **k: traced.append(self.jaxpr) or lower(self, *a, **k))
+    keys, deltas = jnp.zeros((2, 2), jnp.uint32), jnp.asarray([0.1, -1.0])
+    assert np.all(np.isfinite(run_sharded(_vaco_point, keys, deltas)))
+    (off,) = traced
+    assert not CHECK_OP.search(str(off)) and len(off.jaxpr.outvars) == 1
+    with fresh_rl.checked():
+        with pytest.raises(checkify.JaxRuntimeError, match=r"delta must be in \(0\.0, inf"):
+            run_sharded(_vaco_point, keys, deltas)
+        assert len(traced[1].jaxpr.outvars) > 1  # the error's outputs
+        step = lambda s, k: (s + 1, {"loss": _vaco_point(k, 1.0 - s)})  # δ ≤ 0 from step 1
+        for steps_per_call in (1, 3):
+            with pytest.raises(checkify.JaxRuntimeError, match="delta must be in"):
+                run_loop(step, jnp.float32(0), jax.random.key_data(jax.random.key(0)), 3,
+                         steps_per_call=steps_per_call)
+    _, history = run_loop(step, jnp.float32(0), jax.random.key_data(jax.random.key(0)), 3, steps_per_call=3)
+    assert history["loss"].shape == (3,)
+
+
+def test_cli_checked_train_runs_and_a_failed_check_is_one_line(tmp_path, monkeypatch):
+    cache = ["--compilation-cache-dir", jax.config.jax_compilation_cache_dir]
+    cli.main(["train", *TINY, "--method", "vaco", "--checked", "--out", str(tmp_path / "run"), *cache])
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 5
+    # the CLI range-checks every value before tracing; a program with a traced bad δ stands in
+    monkeypatch.setattr(cli, "cmd_sweep", lambda args: run_sharded(_vaco_point, jnp.zeros((1, 2), jnp.uint32),
+                                                                     jnp.asarray([-1.0])))
+    with pytest.raises(SystemExit, match=r"^fresh-rl: a traced check failed: delta must be in \(0\.0, inf\]"
+                       r"[^\n]*$"):
+        cli.main(["sweep", "--checked", *cache])

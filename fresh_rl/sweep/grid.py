@@ -31,7 +31,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from fresh_rl.sweep.keys import seed_keys
-from fresh_rl.validation import require_int
+from fresh_rl.validation import checked_result, checkify_if_checked, require_int
 
 GRID_AXIS = "grid"
 MAX_GRID_POINTS = 1_000_000
@@ -139,19 +139,22 @@ def run_sharded(fn: Callable[..., Any], *grid_args, mesh: Optional[Mesh] = None,
     # one trace and one compile for every chunk: the output shapes (for the checkpoint's restore
     # target) come from the same trace as the program (an eval_shape of the jitted function
     # traced it a second time, its unsharded abstract arguments missing jit's trace cache)
-    traced = jax.jit(jax.vmap(fn), out_shardings=sharding).trace(*jax.tree.map(
+    # (inside fresh_rl.checked(): checkified, its error read after every chunk)
+    body, checkified = checkify_if_checked(jax.vmap(fn))
+    traced = jax.jit(body, out_shardings=(None, sharding) if checkified else sharding).trace(*jax.tree.map(
         lambda x: jax.ShapeDtypeStruct((chunk,) + x.shape[1:], x.dtype, sharding=sharding), grid_args))
     program = functools.cache(lambda: traced.lower().compile())  # not compiled if every chunk is restored
 
     def run_chunk(start):
         part = jax.tree.map(lambda x: jax.device_put(x, sharding),
                             _pad(jax.tree.map(lambda x: x[start:start + chunk], grid_args), chunk))
-        out = program()(*part)
+        out = checked_result(program()(*part), checkified)
         keep = min(chunk, n - start)
         return out if keep == chunk else jax.tree.map(lambda x: x[:keep], out)
 
     if checkpointer is not None:
-        return _run_chunks_checkpointed(run_chunk, traced.out_info, n, checkpointer)
+        return _run_chunks_checkpointed(run_chunk, traced.out_info[1] if checkified else traced.out_info, n,
+                                        checkpointer)
     outputs = [run_chunk(start) for start in range(0, n, chunk)]
     if len(outputs) == 1:
         return outputs[0]

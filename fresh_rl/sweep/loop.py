@@ -42,7 +42,7 @@ from fresh_rl.sweep.grid import GRID_AXIS, grid_mesh
 from fresh_rl.sweep.integrity import NonFiniteError, first_nonfinite_leaf, first_nonfinite_metric, tree_is_finite
 from fresh_rl.sweep.keys import step_key, step_keys
 from fresh_rl.sweep.lock import output_lock
-from fresh_rl.validation import require_int
+from fresh_rl.validation import checked_result, checkify_if_checked, require_int
 
 Metrics = dict[str, Any]
 
@@ -154,20 +154,22 @@ def _run(step_fn, state, key_loop, num_steps, steps_per_call, checkpointer, chec
         def scan_steps(state, keys):  # keys [*seed_axes, n, 2] → scanned over n
             return jax.lax.scan(step_fn, state, jax.numpy.moveaxis(keys, seed_rank, 0))
 
-        chunk_program = jax.jit(scan_steps)
+        program, checkified = checkify_if_checked(scan_steps)
     else:  # an un-jitted step would run op by op
-        step_program = step_fn if hasattr(step_fn, "lower") else jax.jit(step_fn)
+        program, checkified = checkify_if_checked(step_fn)
+    # inside fresh_rl.checked() the program is checkified and its error read after every call
+    program = program if hasattr(program, "lower") else jax.jit(program)
     every = checkpoint_every or num_steps
     while done < num_steps:
         boundary = min(num_steps, (done // every + 1) * every)
         end = min(done + steps_per_call, boundary)
         started = time.perf_counter()
         if steps_per_call == 1:
-            state, metrics = step_program(state, step_key(key_loop, done))
+            state, metrics = checked_result(program(state, step_key(key_loop, done)), checkified)
             metrics = {name: np.asarray(value, np.float32)[..., None]
                        for name, value in jax.device_get(metrics).items()}
         else:
-            state, metrics = chunk_program(state, step_keys(key_loop, done, end))
+            state, metrics = checked_result(program(state, step_keys(key_loop, done, end)), checkified)
             metrics = {name: np.moveaxis(np.asarray(value, np.float32), 0, -1)
                        for name, value in jax.device_get(metrics).items()}
         seconds = (time.perf_counter() - started) / (end - done)

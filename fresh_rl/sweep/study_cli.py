@@ -1,7 +1,7 @@
 """The command line shared by the resumable study scripts under ``experiments/``.
 
 ``python experiments/<study>.py --scale ci|cpu|paper [--out DIR] [--seed S] [--fresh]
-[--allow-dirty] [--compilation-cache …]`` runs ``run(scale_name, out_dir, seed, fresh)`` and prints the README
+[--allow-dirty] [--compilation-cache …] [--checked]`` runs ``run(scale_name, out_dir, seed, fresh)`` and prints the README
 it returns. Saved chunks under ``--out`` are reused unless ``--fresh``. The folder is claimed
 first (:func:`fresh_rl.sweep.identity.claim_folder`: study, scale and seed in ``run.json``): a
 folder holding another scale's or seed's results is refused, unless ``--fresh`` recomputes it.
@@ -9,20 +9,25 @@ folder holding another scale's or seed's results is refused, unless ``--fresh`` 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
+from jax.experimental import checkify
+
 from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
 from fresh_rl.provenance import ALLOW_DIRTY_ENV, COMMIT_AT_START, command_line
 from fresh_rl.sweep.identity import RunIdentityError, claim_folder
+from fresh_rl.validation import CHECKED_HELP, checked, traced_check_message
 
 
 def study_main(description: str, scales: Mapping, default_out: Path,
                run: Callable[[str, Path, int, bool], str], argv: Optional[Sequence[str]] = None) -> None:
     """Parse the study flags (``--scale`` one of ``scales``, default ``"ci"``), claim ``--out``
     for this study, scale and seed, switch on the compilation cache as asked, run the study and
-    print its README."""
+    print its README. ``--checked`` runs the study inside :func:`fresh_rl.checked` (a failed
+    traced check exits with one line naming the field and its range)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--scale", choices=tuple(scales), default="ci")
     parser.add_argument("--out", type=Path, default=default_out)
@@ -31,6 +36,7 @@ def study_main(description: str, scales: Mapping, default_out: Path,
     parser.add_argument("--allow-dirty", action="store_true",
                         help="stamp the results even though the code has uncommitted edits (+dirty)")
     add_compilation_cache_flag(parser)
+    parser.add_argument("--checked", action="store_true", help=CHECKED_HELP)
     args = parser.parse_args(argv)
     identity = {"study": Path(default_out).name, "scale": args.scale, "seed": args.seed}
     try:
@@ -40,4 +46,9 @@ def study_main(description: str, scales: Mapping, default_out: Path,
     enable_from_args(args)
     if args.allow_dirty:
         os.environ[ALLOW_DIRTY_ENV] = "1"  # read by fresh_rl.provenance.provenance
-    print(run(args.scale, args.out, args.seed, args.fresh))
+    try:
+        with checked() if args.checked else contextlib.nullcontext():
+            readme = run(args.scale, args.out, args.seed, args.fresh)
+    except checkify.JaxRuntimeError as err:
+        parser.exit(1, f"{parser.prog}: {traced_check_message(err)}\n")
+    print(readme)
