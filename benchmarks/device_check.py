@@ -9,10 +9,11 @@ so a run cut off by its lease keeps what it measured):
 
 1. **correctness** — replay buffer (add / sample / set-priorities, PER and the age-decayed
    FreshPER buffer), V-trace, the VACO TV filter, the decoupled loss, the EWMA reference
-   update, one control training iteration (VACO, lag 4, Brax task) and one LLM tiny-preset
-   iteration (decode, old log-probs, update), each computed on the default device and on
-   ``jax.devices("cpu")[0]`` from the same inputs and compared within a tolerance that carries
-   its float32 argument (in the tables). Run under ``jax.default_matmul_precision("highest")``:
+   update, one control training iteration (stage 3's VACO run cut to one iteration) and one
+   LLM tiny-preset iteration (decode, old log-probs, update), each computed on the default
+   device and on ``jax.devices("cpu")[0]`` from the same inputs and compared within a tolerance
+   that carries its float32 argument (in the tables; optimiser steps compared as the norm of
+   their difference). On an accelerator it runs under ``jax.default_matmul_precision("highest")``:
    TF32 matmuls (the GPU default for float32) round at 2^-11, a precision choice, not a bug.
 2. **replay** — sample + set-priorities in one ``lax.scan`` (``replay_bench.time_cell``) at
    capacities 2^16, 2^20 × batch 256, 4096: ours PER, ours FreshPER, flashbax 0.1.3's
@@ -37,16 +38,17 @@ x86_64 VM: ≈ 11 s per control trainer program (``results/bench/compile_profile
 per replay scan, 5–7 s per 0.5B stage (``llm_scale.md``), Brax's PPO ≈ 2 × 10 s (its epoch
 compiles twice); correctness 70 s (8 small programs, the control iteration and the three tiny
 LLM stages, each compiled for the device and for the CPU), replay 8 s, control 45 s, llm 30 s,
-study 35 s (3 programs). The cold dry run, whose program counts match, took (compile / total
-s, at load average 6.6 on the 2 cores, so ≈ 3× the idle figures) 64/69, 7/7, 37/33, 3/5
-(its LLM programs come from the correctness stage's cache) and 25/25 s (one forward lag).
+study 35 s (3 programs). The cold dry run, whose program counts match (it compiles at XLA's
+lowest optimisation level), took (compile / total s, at load average 4.4–4.9 on the 2 cores)
+39/42, 5/5, 27/26, 2/4 (its LLM programs come from the correctness stage's cache) and 14/14 s
+(one forward lag): 93 s wall, 88 s of CPU time.
 Scaled by ``COMPILE_FACTOR`` = 1.0: XLA:GPU compiles a program in about the time XLA:CPU does,
 and one compile does not use the GPU host's extra cores. Run seconds on one H100
 (``DEVICE_RUN_S``) are reckoned from the shapes: correctness 15 s (the CPU side's 2048-env
 iteration), replay 40 s (fills of 2^20 items, 4 cells × 3 scans × 5 repeats), control 90 s
 (2 × 1.3 M env steps of ours per round and Brax's epochs at ≈ 1 M steps/s with learning), llm
-60 s (3 timed runs of each stage, ≈ 2 s each), study 20 s per 8 seeds. Total 417 s of the
-default 480. A second run in the same window loads every program from the persistent
+60 s (3 timed runs of each stage, ≈ 2 s each), study 20 s per 8 seeds; together within the
+default 480 (413 s). A second run in the same window loads every program from the persistent
 compilation cache (``--cache-dir``, default ``fresh_rl.compilation_cache``'s folder,
 ``~/.cache/fresh_rl/xla``), so only the run seconds count.
 
@@ -73,8 +75,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fresh_rl.compilation_cache import CompileMeter, enable_compilation_cache
-from fresh_rl.provenance import (git_commit, machine_description, provenance, provenance_line, require_clean,
-                                 write_atomic)
+from fresh_rl.provenance import (DirtyCheckoutError, git_commit, machine_description, provenance, provenance_line,
+                                 require_clean, write_atomic)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "bench"
@@ -120,8 +122,8 @@ DRY_SIZES = Sizes(replay_log_capacities=(8,), replay_batches=(16,), replay_scan_
                   check_capacity=256, check_batch=16, control_envs=8, control_unroll=8, control_hidden=(16, 16),
                   control_iterations=1, control_repeats=1, llm_tiny=True, llm_repeats=1, study_envs=8,
                   study_unroll=8, study_iterations=2, study_forward_lags=(4,), study_seeds=(2, 2))
-# The dry run's estimates: its cold run on the 2-core VM at load average 6.6 (docstring).
-DRY_RUN_S = {"correctness": 70.0, "replay": 7.0, "control": 35.0, "llm": 5.0, "study": 25.0}
+# The dry run's estimates: its cold run on the 2-core VM at load average 4.4–4.9 (docstring).
+DRY_RUN_S = {"correctness": 42.0, "replay": 5.0, "control": 26.0, "llm": 4.0, "study": 14.0}
 
 
 def estimate_s(stage: str, dry_run: bool) -> float:
@@ -521,7 +523,10 @@ def main(argv=None) -> int:
     if args.dry_run_cpu and args.out is None:
         parser.error("--dry-run-cpu writes only under --out DIR")
     started = time.perf_counter()
-    require_clean(git_commit(), args.allow_dirty or args.dry_run_cpu)
+    try:  # before any device time is spent
+        require_clean(git_commit(), args.allow_dirty or args.dry_run_cpu)
+    except DirtyCheckoutError as error:
+        parser.error(str(error))
     if args.dry_run_cpu:  # plumbing, not speed: XLA's fastest compile (about half the seconds)
         jax.config.update("jax_platforms", "cpu")
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0"
@@ -532,7 +537,7 @@ def main(argv=None) -> int:
     print(f"device check on {machine_description()}; compilation cache {cache}", flush=True)
     report = Report(out, args, started)
     for name in STAGES:
-        left = args.budget_s - (time.perf_counter() - started)
+        left = max(0.0, args.budget_s - (time.perf_counter() - started))
         estimate = estimate_s(name, args.dry_run_cpu)
         print(f"[{name}] estimate {estimate:.0f} s, {left:.0f} s of the budget left", flush=True)
         section = {"name": name, "estimate_s": estimate}
