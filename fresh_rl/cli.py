@@ -31,7 +31,8 @@ before it is compiled. Seed ``s`` is the run key ``PRNGKey(s)`` in ``train --see
 includes it (``--seed b --seeds S`` runs seeds b … b + S − 1; docs/sweeps.md). Compiled programs
 are kept in JAX's persistent compilation cache (``fresh_rl.compilation_cache``; folder
 ``$FRESH_RL_COMPILATION_CACHE_DIR`` or ``~/.cache/fresh_rl/xla``, off with
-``--no-compilation-cache`` or ``FRESH_RL_COMPILATION_CACHE=0``). ``--checked`` (off by default:
+``--no-compilation-cache`` or ``FRESH_RL_COMPILATION_CACHE=0``); XLA:CPU's false "+prefer-no-gather
+is not supported on the host machine" lines on loading them are dropped from stderr. ``--checked`` (off by default:
 a debug switch) compiles the programs with the traced range checks of :func:`fresh_rl.checked`
 and stops at the first value out of range (``fresh-rl: a traced check failed: delta must be in
 …``), for a recompile and about 1.5× the run time of a step (results/bench/checkify.md).
@@ -53,7 +54,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
+from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args, filter_cpu_cache_load_noise
 from fresh_rl.sweep.keys import MAX_SEED
 from fresh_rl.validation import CHECKED_HELP, checked, require_int, require_output_dir, traced_check_message
 
@@ -521,6 +522,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Any:
     except DistributedSetupError as err:
         raise SystemExit(f"error: {err}") from err
     parser = build_parser()
+    from_command_line = argv is None
     argv = _join_negative_values(sys.argv[1:] if argv is None else list(argv))
     args, rest = parser.parse_known_args(argv)
     args.argv = argv
@@ -532,7 +534,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Any:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "launch":
         return cmd_launch(args)
-    enable_from_args(args)
+    folder = enable_from_args(args)
+    if from_command_line:  # not in-process callers (tests capture fd 2)
+        filter_cpu_cache_load_noise(folder)
     from fresh_rl.sweep import FolderLockedError, NonFiniteError
 
     from fresh_rl.provenance import OutputWriteError

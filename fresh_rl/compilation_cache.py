@@ -21,7 +21,7 @@ copied cache) would otherwise load programs built for instructions this CPU may 
 for another CPU. (XLA:CPU's load-time warning "Target machine feature +prefer-no-gather is not
 supported on the host machine" also appears for programs compiled on this very host: tuning
 flags are missing from the host's detected feature list. It is not evidence of a foreign
-program.)
+program; the command-line entry points drop it from stderr, :func:`filter_cpu_cache_load_noise`.)
 
 :class:`CompileMeter` sums the seconds JAX spends tracing, lowering and compiling (or loading
 from the cache) in this process, from ``jax.monitoring`` events, so a script can report its
@@ -38,6 +38,8 @@ import hashlib
 import json
 import os
 import platform
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Optional
@@ -129,6 +131,81 @@ def enable_from_args(args: argparse.Namespace) -> Optional[Path]:
                                     enabled=not getattr(args, "no_compilation_cache", False))
 
 
+# XLA:CPU logs two E-level lines from C++ (to file descriptor 2, out of reach of Python's
+# logging) for every program loaded from the persistent cache: "cpu_aot_loader.cc:220] Loading
+# XLA:CPU AOT result. Target machine feature +prefer-no-gather (+prefer-no-scatter) is not
+# supported on the host machine ... SIGILL". A false alarm: those are LLVM tuning preferences,
+# not instruction-set features, missing from the host's detected feature list, and the program
+# loads and runs (https://github.com/jax-ml/jax/issues/38445,
+# https://github.com/openxla/xla/issues/44565). The filter below drops exactly those lines.
+# It runs as a separate process in its own session: output written just before a crash (a C++
+# fatal error, faulthandler) still reaches the terminal, and Ctrl-C does not stop it.
+_FILTER_SCRIPT = r"""
+import os, re
+HEADER = re.compile(rb"E\d{0,4}( [^\]]*)?")  # an unfinished glog E-line header: hold it
+def noise(line):
+    return b"cpu_aot_loader.cc" in line and (b"prefer-no-gather" in line or b"prefer-no-scatter" in line)
+def write(data):
+    while data:
+        data = data[os.write(1, data):]
+held, passing = b"", False
+while True:
+    data = os.read(0, 65536)
+    if not data:
+        break
+    for part in data.splitlines(keepends=True):  # lines end at \n or \r (progress lines)
+        ended = part.endswith((b"\n", b"\r"))
+        if passing:
+            write(part)
+        else:
+            held += part
+            if ended:
+                if not noise(held):
+                    write(held)
+                held = b""
+            elif not HEADER.fullmatch(held) and b"cpu_aot_loader.cc" not in held:
+                write(held)  # not a candidate: stream the rest of the line as it comes
+                held, passing = b"", True
+        passing = passing and not ended
+write(held)
+"""
+_noise_filter: list = []  # the running filter process, once installed
+
+
+def filter_cpu_cache_load_noise(folder: Optional[Path]) -> bool:
+    """Drop XLA:CPU's false "+prefer-no-gather/+prefer-no-scatter is not supported on the host
+    machine" lines (both words in one line) from this process's file descriptor 2; every other
+    byte is forwarded unchanged. Installed only when the persistent cache ``folder`` is on and
+    the default backend is the CPU; a no-op without a file descriptor 2. Subprocesses inherit
+    the filtered descriptor; at exit it is restored and the filter drained. Call it explicitly
+    (the command-line entry points do), never at import time: test runners capture fd 2."""
+    if _noise_filter or folder is None or jax.default_backend() != "cpu":
+        return bool(_noise_filter)
+    try:
+        original = os.dup(2)
+    except OSError:
+        return False
+    read_end, write_end = os.pipe()
+    process = subprocess.Popen([sys.executable, "-I", "-c", _FILTER_SCRIPT], stdin=read_end,
+                               stdout=original, stderr=original, start_new_session=True)
+    os.close(read_end)
+    sys.stderr.flush()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    _noise_filter.append(process)
+
+    def restore() -> None:
+        sys.stderr.flush()
+        os.dup2(original, 2)  # the pipe's last write end here: the filter drains and ends
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # a subprocess still holds the pipe
+            pass
+
+    atexit.register(restore)
+    return True
+
+
 _COMPILE_EVENTS = {
     "/jax/core/compile/jaxpr_trace_duration": "trace",
     "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower",
@@ -192,4 +269,5 @@ def _report_at_exit(path: Path) -> None:
 
 __all__ = ["CompileMeter", "DIR_VARIABLE", "REPORT_VARIABLE", "SWITCH_VARIABLE", "add_compilation_cache_flag",
            "cache_directory", "default_directory", "enable_compilation_cache", "enable_from_args",
+           "filter_cpu_cache_load_noise",
            "host_cache_directory", "host_fingerprint"]

@@ -165,3 +165,41 @@ def test_cache_folder_precedence(monkeypatch, tmp_path):
     monkeypatch.setenv(compilation_cache.SWITCH_VARIABLE, "off")
     assert compilation_cache.cache_directory() is None
     assert compilation_cache.host_cache_directory() is None
+
+
+_NOISY_CHILD = textwrap.dedent("""
+    import os, sys
+    import jax, jax.numpy as jnp
+    from fresh_rl.compilation_cache import enable_compilation_cache, filter_cpu_cache_load_noise
+    folder = enable_compilation_cache(sys.argv[1], min_compile_seconds=0)
+    jax.jit(lambda x: jnp.sin(x) * 2)(jnp.ones(3)).block_until_ready()  # unfiltered: may log the noise
+    assert filter_cpu_cache_load_noise(folder)
+    os.write(2, b"filter installed\\n")
+    jax.jit(lambda x: jnp.cos(x) * 3)(jnp.ones(3)).block_until_ready()  # loaded from the cache on run 2
+    os.write(2, b"E1205 00:00:00.000000 1 cpu_aot_loader.cc:220] Target machine feature +prefer-no-scatter "
+                b"is not supported on the host machine\\n")
+    os.write(2, b"E1205 00:00:00.000000 1 other.cc:1] kept: an unrelated C++ error\\n")
+    os.write(2, b"E1205 00:00:00.000000 1 cpu_aot_loader.cc:9] kept: another loader line\\n")
+    os.write(2, b"\\rkept: a progress line without newline")
+    if sys.argv[2] == "abort":
+        os.abort()  # no atexit: the filter process still forwards what was written
+""")
+
+
+@pytest.mark.parametrize("ending", ["exit", "abort"])
+def test_cache_load_noise_is_dropped_from_fd_2_and_nothing_else(tmp_path, ending):
+    """Run 1 compiles into the cache, run 2 loads from it (XLA:CPU's false "+prefer-no-gather
+    is not supported" lines); after the filter is installed only those lines are dropped, also
+    when the process dies without running its exit handlers."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION", "FRESH_RL_"))}
+    env.update(PYTHONPATH=str(ROOT))
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", _NOISY_CHILD, str(tmp_path / "xla"), ending], env=env,
+                             capture_output=True, timeout=300)  # bytes: "\r" kept
+    stderr = out.stderr.decode()
+    assert out.returncode == (0 if ending == "exit" else -6), stderr[-2000:]
+    after = stderr.split("filter installed\n", 1)[1]
+    assert "prefer-no-" not in after
+    for kept in ("other.cc:1] kept: an unrelated C++ error\n", "cpu_aot_loader.cc:9] kept: another loader line\n"):
+        assert kept in after
+    assert after.endswith("\rkept: a progress line without newline")

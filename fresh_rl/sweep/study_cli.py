@@ -16,7 +16,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from jax.experimental import checkify
 
-from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
+from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args, filter_cpu_cache_load_noise
 from fresh_rl.provenance import ALLOW_DIRTY_ENV, COMMIT_AT_START, command_line
 from fresh_rl.sweep.identity import RunIdentityError, claim_folder
 from fresh_rl.validation import CHECKED_HELP, checked, traced_check_message
@@ -43,7 +43,9 @@ def study_main(description: str, scales: Mapping, default_out: Path,
         claim_folder(args.out, identity, {"commit": COMMIT_AT_START, "command": command_line()}, force=args.fresh)
     except RunIdentityError as err:
         parser.exit(2, f"{parser.prog}: error: {err}; --fresh recomputes it\n")
-    enable_from_args(args)
+    folder = enable_from_args(args)
+    if argv is None:  # a command line, not an in-process caller (tests capture fd 2)
+        filter_cpu_cache_load_noise(folder)
     if args.allow_dirty:
         os.environ[ALLOW_DIRTY_ENV] = "1"  # read by fresh_rl.provenance.provenance
     try:
