@@ -38,10 +38,10 @@ x86_64 VM: ≈ 11 s per control trainer program (``results/bench/compile_profile
 per replay scan, 5–7 s per 0.5B stage (``llm_scale.md``), Brax's PPO ≈ 2 × 10 s (its epoch
 compiles twice); correctness 70 s (8 small programs, the control iteration and the three tiny
 LLM stages, each compiled for the device and for the CPU), replay 8 s, control 45 s, llm 30 s,
-study 35 s (3 programs). The cold dry run, whose program counts match (it compiles at XLA's
-lowest optimisation level), took (compile / total s, at load average 4.4–4.9 on the 2 cores)
-39/42, 5/5, 27/26, 2/4 (its LLM programs come from the correctness stage's cache) and 14/14 s
-(one forward lag): 93 s wall, 88 s of CPU time.
+study 35 s (3 programs). The cold dry run (XLA's lowest optimisation level; the same programs
+except one forward lag in the study and only our VACO against Brax in the control stage) took
+(compile / total s, at load average 4.3–6.2 on the 2 cores) 50/54, 7/7, 22/21, 4/6 (its LLM
+programs come from the correctness stage's cache) and 22/22 s: 113 s wall, 79 s of CPU time.
 Scaled by ``COMPILE_FACTOR`` = 1.0: XLA:GPU compiles a program in about the time XLA:CPU does,
 and one compile does not use the GPU host's extra cores. Run seconds on one H100
 (``DEVICE_RUN_S``) are reckoned from the shapes: correctness 15 s (the CPU side's 2048-env
@@ -104,6 +104,7 @@ class Sizes:
     control_hidden: tuple
     control_iterations: int
     control_repeats: int
+    control_variants: tuple  # of control_bench's jobs, timed against Brax PPO
     llm_tiny: bool
     llm_repeats: int
     study_envs: int
@@ -116,14 +117,16 @@ class Sizes:
 DEVICE_SIZES = Sizes(replay_log_capacities=(16, 20), replay_batches=(256, 4096), replay_scan_steps=30,
                      replay_repeats=5, check_capacity=4096, check_batch=256, control_envs=2048,
                      control_unroll=16, control_hidden=(64, 64), control_iterations=40, control_repeats=3,
+                     control_variants=("ours ppo_clip lag 0", "ours vaco lag 0"),
                      llm_tiny=False, llm_repeats=3, study_envs=256, study_unroll=16, study_iterations=100,
                      study_forward_lags=(4, 16, 64), study_seeds=(3, 16))
 DRY_SIZES = Sizes(replay_log_capacities=(8,), replay_batches=(16,), replay_scan_steps=4, replay_repeats=1,
                   check_capacity=256, check_batch=16, control_envs=8, control_unroll=8, control_hidden=(16, 16),
-                  control_iterations=1, control_repeats=1, llm_tiny=True, llm_repeats=1, study_envs=8,
+                  control_iterations=1, control_repeats=1,
+                  control_variants=("ours vaco lag 0",), llm_tiny=True, llm_repeats=1, study_envs=8,
                   study_unroll=8, study_iterations=2, study_forward_lags=(4,), study_seeds=(2, 2))
-# The dry run's estimates: its cold run on the 2-core VM at load average 4.4–4.9 (docstring).
-DRY_RUN_S = {"correctness": 42.0, "replay": 5.0, "control": 26.0, "llm": 4.0, "study": 14.0}
+# The dry run's estimates: its cold run on the 2-core VM at load average 4.3–6.2 (docstring).
+DRY_RUN_S = {"correctness": 54.0, "replay": 7.0, "control": 21.0, "llm": 6.0, "study": 22.0}
 
 
 def estimate_s(stage: str, dry_run: bool) -> float:
@@ -425,8 +428,7 @@ def stage_control(sizes: Sizes, budget_left: float, log) -> dict:
     import control_bench
 
     args = control_args(sizes, sizes.control_iterations)
-    names = ("ours ppo_clip lag 0", "ours vaco lag 0")
-    timings = control_bench.time_side_by_side(args, BRAX_TASK, names)
+    timings = control_bench.time_side_by_side(args, BRAX_TASK, sizes.control_variants)
     brax_sps = timings["brax ppo"]["sps"]
     rows = [{"implementation": name, "env steps/s": t["sps"], "vs Brax PPO": t["sps"] / brax_sps,
              "compile s": t["compile_s"], "s per run": t["epoch_s"]} for name, t in timings.items()]

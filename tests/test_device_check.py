@@ -57,7 +57,7 @@ def test_the_measuring_stages_report_their_figures(dry_run):
     _, report, _, _ = dry_run
     replay, control, llm, study = (stage["rows"] for stage in report["stages"][1:])
     assert replay and all(row["speed-up FreshPER"] > 0 and row["speed-up PER"] > 0 for row in replay)
-    assert [row["implementation"] for row in control] == ["brax ppo", "ours ppo_clip lag 0", "ours vaco lag 0"]
+    assert [row["implementation"] for row in control] == ["brax ppo", "ours vaco lag 0"]  # the dry run times VACO
     assert all(row["env steps/s"] > 0 for row in control)
     assert [row["stage"] for row in llm] == ["decode", "old_logprobs", "update"]
     assert all(row["tokens_per_s"] > 0 for row in llm)
