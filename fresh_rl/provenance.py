@@ -168,12 +168,18 @@ class OutputWriteError(OSError):
     """A result file that could not be written (the previous version, if any, is kept)."""
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the process umask means setting it
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path, content: Union[str, bytes, Callable[[IO], None]], binary: bool = False) -> Path:
     """Write ``content`` to ``path`` all at once: a str, bytes, or a function that writes to the
     open file (text mode, ``newline=""``; ``binary=True`` for bytes, e.g. ``fig.savefig``). It goes
     to a temporary file in the same folder, then ``os.replace``: a failed write leaves the
     previous file (or none) and raises :class:`OutputWriteError` ``could not write PATH: cause``.
-    The one writer of every CSV, JSON and figure the package writes."""
+    The one writer of every CSV, JSON, figure and model file the package writes."""
     path = Path(path)
     binary = binary or isinstance(content, bytes)
     tmp = None
@@ -185,6 +191,7 @@ def write_atomic(path, content: Union[str, bytes, Callable[[IO], None]], binary:
             content(f) if callable(content) else f.write(content)
             f.flush()
             os.fsync(f.fileno())
+            os.chmod(tmp, 0o666 & ~_umask())  # as open() would create it (the temporary file is 0600)
         os.replace(tmp, path)
     except OSError as err:
         raise OutputWriteError(f"could not write {path}: {err}") from err

@@ -33,6 +33,9 @@ def test_save_hf_model_roundtrips_params_and_vocab_bit_exactly(tmp_path):
     assert names == {"config.json", "model.safetensors", "generation_config.json",
                      "tokenizer.json", "tokenizer_config.json", EXPORT_METADATA}
     assert sorted(os.listdir(tmp_path)) == ["model"]  # no staging folder left behind
+    mask = os.umask(0o022)
+    os.umask(mask)  # written through temporary files, yet with open()'s permissions, not 0600
+    assert {os.stat(os.path.join(out, name)).st_mode & 0o777 for name in names} == {0o666 & ~mask}
     loaded_config, loaded, loaded_vocab = load_hf_model(out)
     assert loaded_config == config
     leaves, loaded_leaves = (jax.tree_util.tree_flatten_with_path(t)[0] for t in (params, loaded))

@@ -34,6 +34,7 @@ import ml_dtypes
 import numpy as np
 
 from fresh_rl.llm.model import Qwen2Config, init_params, stack_layers, unstack_layers
+from fresh_rl.provenance import write_atomic
 from fresh_rl.sweep.checkpoint import CheckpointError
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
@@ -114,7 +115,8 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
 def write_safetensors(path: str, tensors: dict[str, np.ndarray],
                       metadata: dict[str, str] | None = None) -> None:
     """Writes numpy arrays as one .safetensors file (readable by HF `safetensors`), with the
-    string map ``metadata`` as its ``__metadata__`` (e.g. ``{"format": "pt"}``) if given."""
+    string map ``metadata`` as its ``__metadata__`` (e.g. ``{"format": "pt"}``) if given;
+    whole or not at all (:func:`fresh_rl.provenance.write_atomic`)."""
     header, chunks, offset = {}, [], 0
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
@@ -127,10 +129,12 @@ def write_safetensors(path: str, tensors: dict[str, np.ndarray],
         offset += len(raw)
     header_bytes = json.dumps(header).encode()
     header_bytes += b" " * (-len(header_bytes) % 8)
-    with open(path, "wb") as f:
+
+    def write(f):
         f.write(struct.pack("<Q", len(header_bytes)))
         f.write(header_bytes)
         f.writelines(chunks)
+    write_atomic(path, write, binary=True)
 
 
 _CONFIG_INTS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -404,11 +408,10 @@ def save_hf_model(directory: str, config: Qwen2Config, params: dict, tokenizer_d
         if metadata is not None:
             files[EXPORT_METADATA] = metadata
         for name, content in files.items():
-            with open(os.path.join(staging, name), "w") as f:
-                json.dump(content, f, indent=2)
-                f.write("\n")
+            write_atomic(os.path.join(staging, name), json.dumps(content, indent=2) + "\n")
         for name in TOKENIZER_FILES:
-            shutil.copyfile(os.path.join(tokenizer_dir, name), os.path.join(staging, name))
+            with open(os.path.join(tokenizer_dir, name), "rb") as source:
+                write_atomic(os.path.join(staging, name), source.read())
         os.chmod(staging, 0o755)
         if os.path.exists(directory):  # two renames: the old folder moves aside, then goes
             retired = tempfile.mkdtemp(prefix=f".{os.path.basename(directory)}.old-", dir=parent)

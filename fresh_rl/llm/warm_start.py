@@ -31,6 +31,7 @@ from fresh_rl.llm.model import Qwen2Config, init_params, stack_layers, unstack_l
 from fresh_rl.llm.rollout import expert_policy, model_policy, run_episodes
 from fresh_rl.llm.sampler import SamplingConfig, token_logprobs_and_entropy
 from fresh_rl.llm.tasks.vocab import check_model_vocab
+from fresh_rl.provenance import write_atomic
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,8 +137,7 @@ def save_params(directory: str, params) -> None:
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(os.path.abspath(directory), params, force=True)
     checkpointer.wait_until_finished()
-    with open(os.path.join(directory, CHECKSUM_FILE), "w") as f:
-        json.dump({"sha256": checksum}, f)
+    write_atomic(os.path.join(directory, CHECKSUM_FILE), json.dumps({"sha256": checksum}))
 
 
 def _recorded_checksum(record: str):
