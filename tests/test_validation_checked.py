@@ -92,7 +92,8 @@ def test_sweep_and_loop_programs_are_checkified_only_inside_the_switch(monkeypat
     takes the safe fallback; on: the checkified one, and ``run_sharded``/``run_loop`` raise."""
     traced = []
     lower = jax.stages.Traced.lower
-    monkeypatch.setattr(jax.stages.Traced, "lower", lambda self, *a, **k: traced.append(self.jaxpr) or lower(self, *a, **k))
+    monkeypatch.setattr(jax.stages.Traced, "lower",
+                        lambda self, *a, **k: traced.append(self.jaxpr) or lower(self, *a, **k))
     keys, deltas = jnp.zeros((2, 2), jnp.uint32), jnp.asarray([0.1, -1.0])
     assert np.all(np.isfinite(run_sharded(_vaco_point, keys, deltas)))
     (off,) = traced

@@ -1,10 +1,11 @@
 """The command line shared by the resumable study scripts under ``experiments/``.
 
 ``python experiments/<study>.py --scale ci|cpu|paper [--out DIR] [--seed S] [--fresh]
-[--allow-dirty] [--compilation-cache …] [--checked]`` runs ``run(scale_name, out_dir, seed, fresh)`` and prints the README
-it returns. Saved chunks under ``--out`` are reused unless ``--fresh``. The folder is claimed
-first (:func:`fresh_rl.sweep.identity.claim_folder`: study, scale and seed in ``run.json``): a
-folder holding another scale's or seed's results is refused, unless ``--fresh`` recomputes it.
+[--allow-dirty] [--compilation-cache …] [--checked]`` runs ``run(scale_name, out_dir, seed,
+fresh)`` and prints the README it returns. Saved chunks under ``--out`` are reused unless
+``--fresh``. The folder is claimed first (:func:`fresh_rl.sweep.identity.claim_folder`: study,
+scale and seed in ``run.json``): a folder holding another scale's or seed's results is refused,
+unless ``--fresh`` recomputes it.
 """
 from __future__ import annotations
 
