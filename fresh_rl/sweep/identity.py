@@ -77,14 +77,15 @@ def fingerprint_diff(saved: str, current: str) -> str:
 
 
 def claim_folder(folder, identity: Mapping[str, Any], record: Optional[Mapping[str, Any]] = None,
-                 label: str = "--out", force: bool = False) -> Path:
+                 label: str = "--out", force: bool = False, name: str = IDENTITY_NAME) -> Path:
     """Record ``identity`` (and ``record``: commit, command) in ``folder/run.json``, or raise
     :class:`RunIdentityError` if the folder already belongs to another identity (``force``:
-    take it over, for a run that recomputes everything). Returns the file's path."""
+    take it over, for a run that recomputes everything). ``name``: another file, for a study
+    that shares its folder with another one. Returns the file's path."""
     from fresh_rl.provenance import write_atomic
 
     folder = Path(folder)
-    path = folder / IDENTITY_NAME
+    path = folder / name
     identity = json.loads(json.dumps(identity, default=repr))  # as saved (tuples → lists), in order
     if path.exists() and not force:
         try:

@@ -5,7 +5,8 @@
 fresh)`` and prints the README it returns. Saved chunks under ``--out`` are reused unless
 ``--fresh``. The folder is claimed first (:func:`fresh_rl.sweep.identity.claim_folder`: study,
 scale and seed in ``run.json``): a folder holding another scale's or seed's results is refused,
-unless ``--fresh`` recomputes it.
+unless ``--fresh`` recomputes it. :func:`start_study` is that start (cache, fd-2 filter, folder
+claim, ``--checked``) for every script under ``experiments/``.
 """
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ import argparse
 import contextlib
 import os
 from pathlib import Path
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 from jax.experimental import checkify
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args, filter_cpu_cache_load_noise
 from fresh_rl.provenance import ALLOW_DIRTY_ENV, COMMIT_AT_START, command_line
-from fresh_rl.sweep.identity import RunIdentityError, claim_folder
+from fresh_rl.sweep.identity import IDENTITY_NAME, RunIdentityError, claim_folder
 from fresh_rl.validation import CHECKED_HELP, checked, traced_check_message
 
 
@@ -40,18 +41,38 @@ def study_main(description: str, scales: Mapping, default_out: Path,
     parser.add_argument("--checked", action="store_true", help=CHECKED_HELP)
     args = parser.parse_args(argv)
     identity = {"study": Path(default_out).name, "scale": args.scale, "seed": args.seed}
-    try:
-        claim_folder(args.out, identity, {"commit": COMMIT_AT_START, "command": command_line()}, force=args.fresh)
-    except RunIdentityError as err:
-        parser.exit(2, f"{parser.prog}: error: {err}; --fresh recomputes it\n")
+    if args.allow_dirty:
+        os.environ[ALLOW_DIRTY_ENV] = "1"  # read by fresh_rl.provenance.provenance
+    with start_study(parser, args, identity, args.out, argv, fresh=args.fresh):
+        readme = run(args.scale, args.out, args.seed, args.fresh)
+    print(readme)
+
+
+def start_study(parser: argparse.ArgumentParser, args: argparse.Namespace, identity: Optional[Mapping[str, Any]],
+                out, argv: Optional[Sequence[str]], fresh: bool = False,
+                hint: str = "--fresh recomputes it, or choose another --out", record: str = IDENTITY_NAME):
+    """The start every experiment script shares: claim ``out`` for ``identity`` (``run.json``;
+    another run's folder exits 2 naming the differing fields and ``hint``; ``fresh`` takes it
+    over; ``identity`` None claims nothing; ``record``: the file, for a folder two studies share), switch on the compilation cache as ``args`` ask,
+    drop XLA:CPU's false cache-load lines when run from the command line (``argv`` None), and
+    return the context to compute in: :func:`fresh_rl.checked` with ``--checked`` (a failed
+    traced check exits 1 with one line naming the field and its range)."""
+    if identity is not None:
+        try:
+            claim_folder(out, identity, {"commit": COMMIT_AT_START, "command": command_line()}, force=fresh,
+                         name=record)
+        except RunIdentityError as err:
+            parser.exit(2, f"{parser.prog}: error: {err}; {hint}\n")
     folder = enable_from_args(args)
     if argv is None:  # a command line, not an in-process caller (tests capture fd 2)
         filter_cpu_cache_load_noise(folder)
-    if args.allow_dirty:
-        os.environ[ALLOW_DIRTY_ENV] = "1"  # read by fresh_rl.provenance.provenance
+    return _computing(parser, getattr(args, "checked", False))
+
+
+@contextlib.contextmanager
+def _computing(parser: argparse.ArgumentParser, with_checks: bool) -> Iterator[None]:
     try:
-        with checked() if args.checked else contextlib.nullcontext():
-            readme = run(args.scale, args.out, args.seed, args.fresh)
+        with checked() if with_checks else contextlib.nullcontext():
+            yield
     except checkify.JaxRuntimeError as err:
         parser.exit(1, f"{parser.prog}: {traced_check_message(err)}\n")
-    print(readme)
