@@ -59,7 +59,7 @@ from typing import Optional
 
 import numpy as np
 
-from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
+from fresh_rl.compilation_cache import add_compilation_cache_flag
 from fresh_rl.control.presets import (ABLATIONS, KEY_SCHEDULE, SWEPT_BASELINES, VACO_SCALES, Scale, best_at_first_lag,
                                       headline_index, VACO_VARIANTS, lag_name, run_study_variant, saved_run_matches, study_variants,
                                       variant_config)
@@ -67,6 +67,8 @@ from fresh_rl.eval import (AGGREGATE_METRICS, aggregate_intervals, eval_area_und
                            eval_first_score, eval_initial_score, final_score, improvement_intervals, initial_score,
                            seed_interval)
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance
+from fresh_rl.sweep.study_cli import start_study
+from fresh_rl.validation import CHECKED_HELP
 
 RESULTS = REPOSITORY_ROOT / "results" / "vaco"
 MIN_AGGREGATE_TASKS = 3
@@ -599,14 +601,16 @@ def main(argv=None):
     parser.add_argument("--tasks", default=None,
                         help="comma-separated subset of the scale's tasks to run and tabulate (default: all)")
     add_compilation_cache_flag(parser)
+    parser.add_argument("--checked", action="store_true", help=CHECKED_HELP)
     args = parser.parse_args(argv)
-    enable_from_args(args)
     scale = VACO_SCALES[args.scale]
     if args.tasks is not None:
         scale = scale.with_tasks(args.tasks.split(","))
-    args.out.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    results = run_all(scale, args.out, args.seed, args.fresh)
+    # --tasks runs a subset of the same study (chunks) and --bootstrap-reps only redraws the tables
+    identity = {"study": "vaco_lag_sweep", "scale": args.scale, "seed": args.seed}
+    with start_study(parser, args, identity, args.out, argv, fresh=args.fresh):
+        start = time.perf_counter()
+        results = run_all(scale, args.out, args.seed, args.fresh)
     header = {
         **provenance(command=f"python experiments/vaco_lag_sweep.py --scale {args.scale} --seed {args.seed}"
                              + (f" --tasks {args.tasks}" if args.tasks else "")
