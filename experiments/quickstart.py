@@ -47,6 +47,8 @@ from fresh_rl.compilation_cache import REPORT_VARIABLE, host_cache_directory
 from fresh_rl.eval import seed_interval
 from fresh_rl.provenance import (ALLOW_DIRTY_ENV, REPOSITORY_ROOT, git_commit, machine_description,
                                  require_clean, write_csv)
+from fresh_rl.sweep.study_cli import start_study
+from fresh_rl.validation import CHECKED_HELP
 
 OUT = REPOSITORY_ROOT / "runs" / "quickstart"
 STALENESS, VACO, OLD_LOGITS = "freshper_priority_staleness", "vaco_lag", "old_logits_control"
@@ -65,10 +67,10 @@ CONFIDENCE = 0.95
 # Running the parts
 
 
-def part_command(part: str, scale: str, seed: int, out: Path) -> list[str]:
+def part_command(part: str, scale: str, seed: int, out: Path, with_checks: bool = False) -> list[str]:
     _, script, scales = PARTS[part]
     command = [script, "--scale", scales[scale], "--seed", str(seed), "--out", str(out)]
-    return command + (["--bootstrap-reps", "200"] if part == VACO else [])
+    return command + (["--bootstrap-reps", "200"] if part == VACO else []) + (["--checked"] if with_checks else [])
 
 
 def run_part(command: list[str], allow_dirty: bool) -> dict:
@@ -391,13 +393,18 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0, help="first seed of each part")
     parser.add_argument("--only", choices=tuple(PARTS), action="append",
                         help="run only these parts (repeatable); the report needs all three")
-    parser.add_argument("--fresh", action="store_true", help="delete each part's outputs first")
+    parser.add_argument("--fresh", action="store_true",
+                        help="delete each part's outputs first (and take over an --out made with another --scale or --seed)")
     parser.add_argument("--report-only", action="store_true",
                         help="only rebuild statements and the figure from the parts' outputs")
     parser.add_argument("--allow-dirty", action="store_true",
                         help="write into results/ although the code has uncommitted edits")
+    parser.add_argument("--checked", action="store_true", help=f"passed to each part: {CHECKED_HELP}")
     args = parser.parse_args(argv)
     args.out = args.out.resolve()
+    # --only runs some parts of the same job and --report-only none: not part of its identity
+    start_study(parser, args, {"study": "quickstart", "scale": args.scale, "seed": args.seed}, args.out, argv,
+                fresh=args.fresh, in_process=False)
     # A scratch folder (the default runs/quickstart) takes runs of edited code; a committed
     # reference under results/ must name the commit that made it.
     committed = args.out.is_relative_to(REPOSITORY_ROOT / "results")
@@ -414,7 +421,7 @@ def main(argv=None):
             print(f"\n=== {title}", flush=True)
             if args.fresh and (args.out / part).exists():
                 shutil.rmtree(args.out / part)
-            times = run_part(part_command(part, args.scale, args.seed, args.out / part), allow_dirty)
+            times = run_part(part_command(part, args.scale, args.seed, args.out / part, args.checked), allow_dirty)
             rows.append({"run_id": run_id, "commit": commit, "scale": args.scale, "seed": args.seed,
                          "cache": cache_state, "part": part, **times})
         timings = args.out / "timings.csv"

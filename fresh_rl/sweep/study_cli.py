@@ -50,19 +50,23 @@ def study_main(description: str, scales: Mapping, default_out: Path,
 
 def start_study(parser: argparse.ArgumentParser, args: argparse.Namespace, identity: Optional[Mapping[str, Any]],
                 out, argv: Optional[Sequence[str]], fresh: bool = False,
-                hint: str = "--fresh recomputes it, or choose another --out", record: str = IDENTITY_NAME):
+                hint: str = "--fresh recomputes it, or choose another --out", record: str = IDENTITY_NAME,
+                in_process: bool = True):
     """The start every experiment script shares: claim ``out`` for ``identity`` (``run.json``;
     another run's folder exits 2 naming the differing fields and ``hint``; ``fresh`` takes it
     over; ``identity`` None claims nothing; ``record``: the file, for a folder two studies share), switch on the compilation cache as ``args`` ask,
     drop XLA:CPU's false cache-load lines when run from the command line (``argv`` None), and
     return the context to compute in: :func:`fresh_rl.checked` with ``--checked`` (a failed
-    traced check exits 1 with one line naming the field and its range)."""
+    traced check exits 1 with one line naming the field and its range). ``in_process=False``:
+    only the claim, for a script whose parts run as scripts of their own (no backend here)."""
     if identity is not None:
         try:
             claim_folder(out, identity, {"commit": COMMIT_AT_START, "command": command_line()}, force=fresh,
                          name=record)
         except RunIdentityError as err:
             parser.exit(2, f"{parser.prog}: error: {err}; {hint}\n")
+    if not in_process:
+        return contextlib.nullcontext()
     folder = enable_from_args(args)
     if argv is None:  # a command line, not an in-process caller (tests capture fd 2)
         filter_cpu_cache_load_noise(folder)
