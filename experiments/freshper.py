@@ -43,7 +43,7 @@ import time
 import jax
 import numpy as np
 
-from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
+from fresh_rl.compilation_cache import add_compilation_cache_flag
 from fresh_rl.eval import seed_interval
 from fresh_rl.llm import replay_trainer as rt
 from fresh_rl.llm.checkpoint import add_model_flag, load_hf_model
@@ -53,6 +53,7 @@ from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.provenance import provenance, write_csv
 from fresh_rl.sweep.checkpoint import RunCheckpointer
 from fresh_rl.sweep.integrity import tree_checksum
+from fresh_rl.sweep.study_cli import NO_CHECKED, start_study
 
 Scale = FreshPERScale
 # npz runs written before the metric renames load under the current names
@@ -205,7 +206,7 @@ def plot(curves, taus, ess_rows, scale: Scale, out: str) -> None:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=NO_CHECKED)
     parser.add_argument("--scale", choices=sorted(SCALES), default="ci")
     parser.add_argument("--out", default=None, help="output folder (default results/freshper[_<scale>])")
     parser.add_argument("--checkpoint", default=None,
@@ -217,7 +218,6 @@ def main(argv=None):
                         help="comma-separated subset of the scale's methods")
     add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
-    enable_from_args(args)
     scale = SCALES[args.scale]
     tasks = scale.tasks if args.tasks is None else tuple(args.tasks.split(","))
     methods = [m for m, _ in scale.methods] if args.methods is None else args.methods.split(",")
@@ -227,6 +227,9 @@ def main(argv=None):
                          f"{[m for m, _ in scale.methods]}")
     out = args.out or str(RESULTS / ("freshper" if args.scale == "cpu"
                                      else f"freshper_{args.scale.replace('-', '_')}"))
+    # --tasks and --methods run parts of the same study: not part of its identity
+    identity = {"study": "freshper", "scale": args.scale, "model": args.model, "checkpoint": args.checkpoint}
+    start_study(parser, args, identity, out, argv, hint="choose another --out")
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
     start, started = time.time(), time.perf_counter()
     log = lambda msg: print(f"[{time.time() - start:7.0f}s] {msg}", flush=True)  # noqa: E731

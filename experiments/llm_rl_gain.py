@@ -41,7 +41,7 @@ import time
 import jax
 import numpy as np
 
-from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
+from fresh_rl.compilation_cache import add_compilation_cache_flag
 from fresh_rl.eval import seed_interval
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm.checkpoint import add_model_flag, load_hf_model
@@ -51,6 +51,7 @@ from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.provenance import provenance, write_csv
 from fresh_rl.sweep.checkpoint import RunCheckpointer
 from fresh_rl.sweep.integrity import tree_checksum
+from fresh_rl.sweep.study_cli import NO_CHECKED, start_study
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,7 +228,7 @@ def summarize(records: list[dict]) -> list[dict]:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=NO_CHECKED)
     parser.add_argument("--scale", choices=sorted(RL_GAIN_SCALES), default="ci")
     add_model_flag(parser)
     parser.add_argument("--task", action="append", choices=sorted(BPE_TASKS),
@@ -252,7 +253,6 @@ def main(argv=None):
                         help="run nothing: rewrite the tables from the saved runs")
     add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
-    enable_from_args(args)
     scale = RL_GAIN_SCALES[args.scale]
     rl = dataclasses.replace(scale.rl, **{k: v for k, v in (("learning_rate", args.lr), ("epochs", args.epochs),
                                                             ("minibatches", args.minibatches),
@@ -267,6 +267,10 @@ def main(argv=None):
     if not scale.model:
         parser.error(f"--scale {args.scale} needs --model PATH (a Hugging Face folder)")
     out = args.out or str(RESULTS / ("llm_rl_gain_ci" if args.scale == "ci" else "llm_rl_gain"))
+    # the probe cells' settings (--task, --lr, ..., --seeds) share one folder by design, each saved
+    # run fingerprinted on its own: the folder's identity is the scale and --model (None: the scale's)
+    start_study(parser, args, {"study": "llm_rl_gain", "scale": args.scale, "model": args.model}, out, argv,
+                hint="choose another --out")
     os.makedirs(out, exist_ok=True)
     started = time.perf_counter()
     model_config, params, vocab = load_hf_model(scale.model)

@@ -25,7 +25,7 @@ import dataclasses
 import os
 import time
 
-from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
+from fresh_rl.compilation_cache import add_compilation_cache_flag
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm.checkpoint import add_model_flag, load_hf_model
 from fresh_rl.llm.evaluation import evaluate_policies
@@ -34,10 +34,11 @@ from fresh_rl.llm.presets import OLD_LOGITS_SCALES, WARM_START
 from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.llm.warm_start import restore_params
 from fresh_rl.provenance import write_csv
+from fresh_rl.sweep.study_cli import NO_CHECKED, start_study
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=NO_CHECKED)
     parser.add_argument("--checkpoint", default=WARM_START,
                         help="orbax parameters of the tiny preset (ignored with --model)")
     add_model_flag(parser)
@@ -54,7 +55,7 @@ def main(argv=None):
     parser.add_argument("--out", default=None, help="CSV to append the result row to")
     add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
-    enable_from_args(args)
+    start_study(parser, args, None, None, argv)  # --out is a CSV that gathers every probe's row: no claim
     base = OLD_LOGITS_SCALES["ci"]
     scale = dataclasses.replace(base, rl=dataclasses.replace(
         base.rl, learning_rate=args.lr, num_groups=args.num_groups, epochs=args.epochs,

@@ -52,7 +52,7 @@ import jax
 
 import numpy as np
 
-from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
+from fresh_rl.compilation_cache import add_compilation_cache_flag
 from fresh_rl.llm.checkpoint import add_model_flag, load_hf_model, save_hf_model
 from fresh_rl.llm.model import Qwen2Config, init_params, preset
 from fresh_rl.llm.presets import (BPE_CYCLE, BPE_TASKS, CYCLE, RESULTS, SPECIALIZE, TASKS,
@@ -64,6 +64,7 @@ from fresh_rl.llm.warm_start import (WarmStartConfig, evaluate, make_task_metric
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
 from fresh_rl.sweep.checkpoint import RunCheckpointer, RunIdentityError
 from fresh_rl.sweep.keys import seed_key, split_run_key
+from fresh_rl.sweep.study_cli import NO_CHECKED, start_study
 
 # Task settings, cycle and specialisation: fresh_rl.llm.presets (shared with the RL experiments).
 SCALES = {
@@ -123,11 +124,22 @@ BPE_SCALES = {
 BAND = (0.2, 0.5)
 
 
+def default_out(scale_name: str | None, specialize_task: str | None) -> str:
+    """The output folder of a scale, or of ``--specialize`` on a task."""
+    if specialize_task:
+        return str(RESULTS / f"llm_warm_start_{specialize_task}")
+    if scale_name in BPE_SCALES:
+        return str(RESULTS / ("llm_warm_start_bpe" if scale_name == "bpe"
+                              else f"llm_warm_start_{scale_name.replace('-', '_')}"))
+    return str(RESULTS / ("llm_warm_start" if scale_name != "ci" else "llm_warm_start_ci"))
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=NO_CHECKED)
     parser.add_argument("--scale", choices=sorted(SCALES) + sorted(BPE_SCALES), default="ci")
     parser.add_argument("--fresh", action="store_true",
-                        help="bpe scales: ignore (delete) the saved training state and start over")
+                        help="take over an --out made by another run; bpe scales: also ignore (delete) the "
+                             "saved training state and start over")
     parser.add_argument("--stop-after", type=int, default=None, metavar="STEPS",
                         help="bpe scales: stop at the first periodic evaluation at or after "
                              "STEPS steps (as an interruption would; rerun to continue)")
@@ -139,17 +151,19 @@ def main(argv=None):
     add_model_flag(parser)
     add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
-    enable_from_args(args)
+    if args.scale in BPE_SCALES and args.model and not args.specialize:
+        parser.error("--model does not apply to the bpe scales (they train from scratch)")
+    out = args.out or default_out(args.scale, args.specialize)
+    # --stop-after interrupts the same run; --specialize ignores --scale and --seed (its own)
+    identity = ({"study": "llm_warm_start", "specialize": args.specialize, "model": args.model} if args.specialize
+                else {"study": "llm_warm_start", "scale": args.scale, "seed": args.seed, "model": args.model})
+    start_study(parser, args, identity, out, argv, fresh=args.fresh)
     if args.specialize:
-        return specialize(args.specialize, args.out, argv, args.model)
+        return specialize(args.specialize, out, argv, args.model)
     if args.scale in BPE_SCALES:
-        if args.model:
-            parser.error("--model does not apply to the bpe scales (they train from scratch)")
-        return bpe_warm_start(args.scale, args.out, args.seed, args.fresh, argv,
+        return bpe_warm_start(args.scale, out, args.seed, args.fresh, argv,
                               stop_after=args.stop_after)
     model_config, params, tasks = load_model(args.model)
-    out = args.out or str(RESULTS / ("llm_warm_start" if args.scale != "ci"
-                                     else "llm_warm_start_ci"))
     os.makedirs(out, exist_ok=True)
     config = SCALES[args.scale]
     start, started = time.time(), time.perf_counter()
@@ -217,7 +231,7 @@ def command(argv) -> str:
 def specialize(task: str, out: str | None, argv=None, model: str | None = None):
     """Rounds of behaviour cloning on ``task`` alone from the multi-task checkpoint (or the
     Hugging Face folder ``model``)."""
-    out = out or str(RESULTS / f"llm_warm_start_{task}")
+    out = out or default_out(None, task)
     os.makedirs(out, exist_ok=True)
     rounds, config, seed = SPECIALIZE[task]
     model_config, params, tasks = load_model(model)
@@ -308,8 +322,7 @@ def bpe_warm_start(scale_name: str, out: str | None, seed: int, fresh: bool, arg
     ``stop_after``: return (None) after the periodic evaluation at or past that step."""
     scale = BPE_SCALES[scale_name]
     config, model_config = scale.warm_start, scale.model_config
-    out = out or str(RESULTS / ("llm_warm_start_bpe" if scale_name == "bpe"
-                                else f"llm_warm_start_{scale_name.replace('-', '_')}"))
+    out = out or default_out(scale_name, None)
     checkpoints = os.path.join(out, "checkpoints")  # git-ignored (results/**/checkpoints/)
     os.makedirs(checkpoints, exist_ok=True)
     state_path = os.path.join(checkpoints, STATE_DIR)

@@ -56,7 +56,7 @@ import time
 
 import numpy as np
 
-from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args
+from fresh_rl.compilation_cache import add_compilation_cache_flag
 from fresh_rl.eval import holm_over_cells, seed_interval
 from fresh_rl.eval.route_claims import decide_route_claims
 from fresh_rl.llm import async_pipeline as ap
@@ -70,6 +70,7 @@ from fresh_rl.provenance import provenance, write_csv
 from fresh_rl.sweep.checkpoint import RunCheckpointer
 from fresh_rl.sweep.integrity import tree_checksum
 from fresh_rl.sweep.keys import seed_key, split_run_key, step_key
+from fresh_rl.sweep.study_cli import NO_CHECKED, start_study
 
 Scale = OldLogitsScale
 CURVE_METRICS = ("success_rate", "active_token_fraction", "abs_log_rd_mean")
@@ -356,7 +357,7 @@ def overhead_markdown(rows: list[dict]) -> str:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=NO_CHECKED)
     parser.add_argument("--scale", choices=sorted(SCALES), default="ci")
     parser.add_argument("--out", default=None,
                         help="output folder (default results/old_logits, or results/old_logits_<scale>)")
@@ -378,13 +379,16 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.max_runs is not None and not (args.max_runs >= 1 or (args.max_runs == 0 and args.resume)):
         parser.error(f"--max-runs must be >= 1 (or 0 with --resume: only the tables), got {args.max_runs}")
-    enable_from_args(args)
     scale = SCALES[args.scale]
     if args.prompt_pool_seed is not None:
         scale = dataclasses.replace(scale, rl=dataclasses.replace(
             scale.rl, prompt_pool_seed=args.prompt_pool_seed))
     out = args.out or str(RESULTS / ("old_logits" if args.scale in ("cpu", "paper")
                                      else f"old_logits_{args.scale.replace('-', '_')}"))
+    # --resume, --max-runs (chunks of one grid) and --overhead-only (re-timing) are not part of it
+    identity = {"study": "old_logits", "scale": args.scale, "model": args.model, "checkpoint": args.checkpoint,
+                "prompt_pool_seed": args.prompt_pool_seed}
+    start_study(parser, args, identity, out, argv, hint="choose another --out")
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
     start, started = time.time(), time.perf_counter()
     folder = args.model or model_folder(scale.model)  # --model, or a scale's own HF folder

@@ -47,6 +47,10 @@ def study_main(description: str, scales: Mapping, default_out: Path,
         readme = run(args.scale, args.out, args.seed, args.fresh)
     print(readme)
 
+NO_CHECKED = ("no --checked here: this script jits its programs outside jax.experimental.checkify, where the "
+              "traced range checks of fresh_rl.checked fail at trace time")
+"""The ``--help`` epilog of an experiment script without ``--checked``."""
+
 
 def start_study(parser: argparse.ArgumentParser, args: argparse.Namespace, identity: Optional[Mapping[str, Any]],
                 out, argv: Optional[Sequence[str]], fresh: bool = False,
