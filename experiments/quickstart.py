@@ -394,7 +394,8 @@ def main(argv=None):
     parser.add_argument("--only", choices=tuple(PARTS), action="append",
                         help="run only these parts (repeatable); the report needs all three")
     parser.add_argument("--fresh", action="store_true",
-                        help="delete each part's outputs first (and take over an --out made with another --scale or --seed)")
+                        help="delete each part's outputs first (and take over an --out made with another "
+                             "--scale or --seed)")
     parser.add_argument("--report-only", action="store_true",
                         help="only rebuild statements and the figure from the parts' outputs")
     parser.add_argument("--allow-dirty", action="store_true",

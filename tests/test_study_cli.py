@@ -1,7 +1,18 @@
 """fresh_rl.sweep.study_cli: the shared command line of the study scripts."""
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
 import pytest
 
-from fresh_rl.sweep.study_cli import study_main
+from fresh_rl.sweep.identity import claim_folder
+from fresh_rl.sweep.study_cli import NO_CHECKED, start_study, study_main
+from fresh_rl.validation import check_in_range, checked_result, checkify_if_checked
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _recorder(calls):
@@ -43,3 +54,63 @@ def test_a_folder_of_another_scale_is_refused_unless_fresh(tmp_path, capsys):
     study_main("a study", {"ci": 1, "cpu": 2}, tmp_path / "study", _recorder(calls),
                ["--scale", "cpu", "--fresh", "--no-compilation-cache"])
     assert [c[0] for c in calls] == ["ci", "cpu"]
+
+
+CHECKED_SCRIPTS = ("vaco_lag_sweep", "priority_staleness", "quickstart")
+UNCHECKED_SCRIPTS = ("old_logits", "freshper", "llm_rl_gain", "llm_rl_probe", "llm_warm_start")
+
+
+@pytest.mark.parametrize("stem", CHECKED_SCRIPTS + UNCHECKED_SCRIPTS)
+def test_every_experiment_script_offers_checked_or_says_why_not(stem, load_experiment, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        load_experiment(stem).main(["--help"])
+    usage, note = " ".join(capsys.readouterr().out.split()), " ".join(NO_CHECKED.split())
+    assert exit_.value.code == 0
+    if stem in CHECKED_SCRIPTS:
+        assert "--checked" in usage
+    else:
+        assert note in usage and "--checked" not in usage.replace(note, "")
+
+
+def _parser_and_args(argv):
+    parser = argparse.ArgumentParser(prog="script.py")
+    parser.add_argument("--checked", action="store_true")
+    parser.add_argument("--no-compilation-cache", action="store_true")
+    return parser, parser.parse_args(["--no-compilation-cache", *argv])
+
+
+def test_start_study_refuses_another_runs_folder_takes_it_over_when_fresh_and_checks(tmp_path, capsys):
+    parser, args = _parser_and_args([])
+    with start_study(parser, args, {"study": "s", "scale": "ci", "seed": 0}, tmp_path, []):
+        pass
+    start_study(parser, args, {"study": "s", "scale": "ci", "seed": 0}, tmp_path, [])  # a resume
+    with pytest.raises(SystemExit) as exit_:
+        start_study(parser, args, {"study": "s", "scale": "ci", "seed": 5}, tmp_path, [], hint="choose another --out")
+    assert exit_.value.code == 2
+    assert "script.py: error: --out" in (err := capsys.readouterr().err) and "seed 0 → 5" in err
+    assert err.rstrip().endswith("choose another --out")
+    start_study(parser, args, {"study": "s", "scale": "ci", "seed": 5}, tmp_path, [], fresh=True)
+    assert json.loads((tmp_path / "run.json").read_text())["identity"]["seed"] == 5
+    parser, args = _parser_and_args(["--checked"])  # --checked: a traced check fails, naming its field
+    with pytest.raises(SystemExit) as exit_:
+        with start_study(parser, args, {"study": "s", "scale": "ci", "seed": 5}, tmp_path, []):
+            program = checkify_if_checked(lambda x: (check_in_range("beta", x, 0.0, 1.0), x)[1])[0]
+            checked_result(jax.jit(program)(2.0), True)
+    assert exit_.value.code == 1 and "a traced check failed: beta" in capsys.readouterr().err
+
+
+def test_scripts_refuse_a_folder_of_another_seed_end_to_end(tmp_path):
+    """The quickstart (--report-only: the claim alone) and priority_staleness (its own record
+    file) as users run them."""
+    def run(script, *flags):
+        return subprocess.run([sys.executable, str(ROOT / "experiments" / script), *flags],
+                              capture_output=True, text=True, cwd=ROOT, timeout=120)
+    out = tmp_path / "quickstart"
+    assert run("quickstart.py", "--report-only", "--out", str(out)).returncode == 0
+    refused = run("quickstart.py", "--report-only", "--out", str(out), "--seed", "3")
+    assert refused.returncode == 2 and "seed 0 → 3" in refused.stderr and "--fresh" in refused.stderr
+    assert run("quickstart.py", "--report-only", "--out", str(out), "--seed", "3", "--fresh").returncode == 0
+    claim_folder(tmp_path / "staleness", {"study": "priority_staleness", "scale": "ci", "seed": 0},
+                 name="priority_staleness.run.json")
+    refused = run("priority_staleness.py", "--scale", "ci", "--seed", "1", "--out", str(tmp_path / "staleness"))
+    assert refused.returncode == 2 and "seed 0 → 1" in refused.stderr, refused.stderr[-2000:]

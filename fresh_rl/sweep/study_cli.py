@@ -56,10 +56,11 @@ def start_study(parser: argparse.ArgumentParser, args: argparse.Namespace, ident
                 out, argv: Optional[Sequence[str]], fresh: bool = False,
                 hint: str = "--fresh recomputes it, or choose another --out", record: str = IDENTITY_NAME,
                 in_process: bool = True):
-    """The start every experiment script shares: claim ``out`` for ``identity`` (``run.json``;
-    another run's folder exits 2 naming the differing fields and ``hint``; ``fresh`` takes it
-    over; ``identity`` None claims nothing; ``record``: the file, for a folder two studies share), switch on the compilation cache as ``args`` ask,
-    drop XLA:CPU's false cache-load lines when run from the command line (``argv`` None), and
+    """The start every experiment script shares: claim ``out`` for ``identity`` (in ``record``,
+    ``run.json`` unless two studies share the folder; another run's folder exits 2 naming the
+    differing fields and ``hint``; ``fresh`` takes it over; ``identity`` None claims nothing),
+    switch on the compilation cache as ``args`` ask, drop XLA:CPU's false cache-load lines
+    when run from the command line (``argv`` None), and
     return the context to compute in: :func:`fresh_rl.checked` with ``--checked`` (a failed
     traced check exits 1 with one line naming the field and its range). ``in_process=False``:
     only the claim, for a script whose parts run as scripts of their own (no backend here)."""
