@@ -34,8 +34,7 @@ from fresh_rl.compilation_cache import add_compilation_cache_flag
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
 from fresh_rl.replay import ReplayConfig, magnitude_priority, make_trajectory_buffer
 from fresh_rl.sweep import product_grid, run_sharded, to_host
-from fresh_rl.sweep.study_cli import start_study
-from fresh_rl.validation import CHECKED_HELP
+from fresh_rl.sweep.study_cli import NO_CHECKED, start_study
 
 RESULTS = REPOSITORY_ROOT / "results" / "freshper"
 
@@ -180,20 +179,19 @@ def write_outputs(results, config: StalenessConfig, seed: int, out: Path, info: 
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=NO_CHECKED)
     parser.add_argument("--scale", choices=sorted(SCALES), default="cpu")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--fresh", action="store_true", help="take over an --out folder made by another scale or seed")
     add_compilation_cache_flag(parser)
-    parser.add_argument("--checked", action="store_true", help=CHECKED_HELP)
     args = parser.parse_args(argv)
     config = SCALES[args.scale]
     identity = {"study": "priority_staleness", "scale": args.scale, "seed": args.seed}
     # its own record: the default folder is results/freshper, shared with experiments/freshper.py
-    with start_study(parser, args, identity, args.out, argv, fresh=args.fresh, record="priority_staleness.run.json"):
-        start = time.perf_counter()
-        results = run(config, args.seed)
+    start_study(parser, args, identity, args.out, argv, fresh=args.fresh, record="priority_staleness.run.json")
+    start = time.perf_counter()
+    results = run(config, args.seed)
     write_outputs(results, config, args.seed, args.out, provenance(started=start), args.scale)
 
 

@@ -56,8 +56,8 @@ def test_a_folder_of_another_scale_is_refused_unless_fresh(tmp_path, capsys):
     assert [c[0] for c in calls] == ["ci", "cpu"]
 
 
-CHECKED_SCRIPTS = ("vaco_lag_sweep", "priority_staleness", "quickstart")
-UNCHECKED_SCRIPTS = ("old_logits", "freshper", "llm_rl_gain", "llm_rl_probe", "llm_warm_start")
+CHECKED_SCRIPTS = ("vaco_lag_sweep", "quickstart")
+UNCHECKED_SCRIPTS = ("priority_staleness", "old_logits", "freshper", "llm_rl_gain", "llm_rl_probe", "llm_warm_start")
 
 
 @pytest.mark.parametrize("stem", CHECKED_SCRIPTS + UNCHECKED_SCRIPTS)
