@@ -537,11 +537,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Any:
     folder = enable_from_args(args)
     if from_command_line:  # not in-process callers (tests capture fd 2)
         filter_cpu_cache_load_noise(folder)
-    from fresh_rl.sweep import FolderLockedError, NonFiniteError
+    from jax.experimental import checkify
 
     from fresh_rl.provenance import OutputWriteError
-
-    from jax.experimental import checkify
+    from fresh_rl.sweep import FolderLockedError, NonFiniteError
 
     try:
         with checked() if args.checked else contextlib.nullcontext():

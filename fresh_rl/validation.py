@@ -64,10 +64,16 @@ def require_in_range(
     """
     interval = _interval(low, high, low_inclusive, high_inclusive)
     number = _number(name, value, f"a number in {interval}")
-    above = number >= low if low_inclusive else number > low
-    below = number <= high if high_inclusive else number < high
-    if not (above and below):  # also catches NaN
+    if not _inside(number, low, high, low_inclusive, high_inclusive):  # also catches NaN
         raise ValueError(f"{name} must be in {interval}, got {number!r}")
+
+
+def _inside(value, low, high, low_inclusive: bool, high_inclusive: bool):
+    """``low ≤ value ≤ high`` (ends open or closed as asked) for a number or, elementwise, a
+    NumPy or JAX array; False for NaN."""
+    above = value >= low if low_inclusive else value > low
+    below = value <= high if high_inclusive else value < high
+    return above & below
 
 
 def _interval(low, high, low_inclusive: bool, high_inclusive: bool) -> str:
@@ -249,19 +255,15 @@ def check_in_range(
         array = np.asarray(value)
         if not _is_real(array.dtype):
             raise ValueError(f"{name} must be a number in {interval}, got dtype {array.dtype}")
-        above = array >= low if low_inclusive else array > low
-        below = array <= high if high_inclusive else array < high
-        bad = ~(above & below)
+        bad = ~_inside(array, low, high, low_inclusive, high_inclusive)
         if where is not None:
             bad &= np.asarray(where)
         if bad.any():
             raise ValueError(f"{name} must be in {interval}, got {_number(name, array[bad].flat[0], '')!r}")
         return
     if checks_enabled(jit_checks):
-        value = jnp.asarray(value)
-        above = value >= low if low_inclusive else value > low
-        below = value <= high if high_inclusive else value < high
-        ok = above & below if where is None else (above & below) | ~jnp.asarray(where)
+        ok = _inside(jnp.asarray(value), low, high, low_inclusive, high_inclusive)
+        ok = ok if where is None else ok | ~jnp.asarray(where)
         checkify.check(jnp.all(ok), f"{name} must be in {interval}")
 
 

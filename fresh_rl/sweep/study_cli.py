@@ -47,6 +47,7 @@ def study_main(description: str, scales: Mapping, default_out: Path,
         readme = run(args.scale, args.out, args.seed, args.fresh)
     print(readme)
 
+
 NO_CHECKED = ("no --checked here: this script's programs cannot be checkified (jitted outside "
               "jax.experimental.checkify, or a vmapped while loop, which checkify does not support), so the "
               "traced range checks of fresh_rl.checked would fail at trace time")
