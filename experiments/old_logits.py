@@ -18,7 +18,8 @@ Writes to --out (default results/old_logits for cpu and paper, else results/old_
   summary.csv     per (route, W): final success (last third of the iterations), mean
                   active-token fraction and |log r_d| once the ring is full (step ≥ W),
                   EWMA resets; 95% intervals over seeds
-  overhead.csv/.md  per route at the overhead W: extra parameter copies (fp32 bytes), fp32
+  overhead.csv/.md  per repair route (``fresh_rl.corrections.routes.REPAIR_ROUTES``) at the
+                  overhead W: extra parameter copies (fp32 bytes), fp32
                   forwards spent on old log-probs per step, median seconds per step
   runs/<run>.eval.json  (when the scale evaluates) the final policy's success on the
                   evaluation episodes, written with the run
@@ -57,12 +58,12 @@ import time
 import numpy as np
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag
+from fresh_rl.corrections.routes import REPAIR_ROUTES
 from fresh_rl.eval import holm_over_cells, seed_interval
 from fresh_rl.eval.route_claims import decide_route_claims
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm.checkpoint import add_model_flag, load_hf_model
 from fresh_rl.llm.evaluation import evaluate_policies
-from fresh_rl.llm.old_logits import ROUTES
 from fresh_rl.llm.presets import OLD_LOGITS_SCALES as SCALES
 from fresh_rl.llm.presets import RESULTS, OldLogitsScale, load_params, model_folder
 from fresh_rl.llm.tasks.vocab import with_vocab
@@ -151,7 +152,7 @@ def load_runs(scale: Scale, out: str) -> tuple[dict, dict]:
             histories.setdefault((route, window, partial), []).append(history)
             if window == scale.overhead_window and not partial and seed == 0:
                 timed[route] = history
-    for route in ROUTES:
+    for route in REPAIR_ROUTES:
         path = os.path.join(out, "runs", run_name(route, scale.overhead_window, False, 0) + ".csv")
         if route not in timed and os.path.exists(path):
             timed[route] = read_run_csv(path)
@@ -267,7 +268,7 @@ def time_routes_interleaved(scale: Scale, params, model_config, rounds: int) -> 
     runs = {}
     _, key_loop = split_run_key(seed_key(0))
     warmup = scale.overhead_window + 1
-    for route in ROUTES:
+    for route in REPAIR_ROUTES:
         async_config = scale.async_config(route)
         step = ap.make_iteration(scale.rl, async_config, scale.env, model_config)
         state = ap.init_state(scale.rl, async_config, params, scale.overhead_window)
@@ -431,7 +432,7 @@ def main(argv=None):
             timed[route] = history
     histories = {cell: histories[cell] for cell in grid_cells(scale) if cell in histories}
     if scale.overhead_iterations and not stopped:
-        for route in ROUTES:
+        for route in REPAIR_ROUTES:
             if route not in timed:
                 timed[route] = run_one(scale, route, scale.overhead_window, False, 0,
                                        scale.overhead_iterations, params, model_config, out)
@@ -442,7 +443,7 @@ def main(argv=None):
     write_csv(os.path.join(out, "curves.csv"), curves)
     write_csv(os.path.join(out, "summary.csv"), summary)
     if timed:
-        overhead = overhead_rows({r: timed[r] for r in ROUTES if r in timed}, scale, params)
+        overhead = overhead_rows({r: timed[r] for r in REPAIR_ROUTES if r in timed}, scale, params)
         write_csv(os.path.join(out, "overhead.csv"), overhead)
         with open(os.path.join(out, "overhead.md"), "w") as f:
             f.write(overhead_markdown(overhead))

@@ -528,7 +528,8 @@ def test_valid_edge_values_still_parse():
 @pytest.mark.parametrize("module, register, table, kind", [
     ("fresh_rl.control.methods", "register_method", "METHODS", "method"),
     ("fresh_rl.control.old_logits_train", "register_route", "ROUTES", "control old-logit route"),
-    ("fresh_rl.llm.old_logits", "register_route", "ROUTES", "old-logit route"),
+    ("fresh_rl.corrections.routes", "register_route", "ROUTES", "old-log-prob route"),
+    ("fresh_rl.llm.policy_losses", "register_loss", "LOSSES", "LLM policy loss"),
 ])
 def test_registries_refuse_a_wrong_type_and_a_taken_name(module, register, table, kind):
     """Every registry goes through validation.register_entry: a wrong type names the expected

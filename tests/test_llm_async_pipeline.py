@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from fresh_rl.corrections import routes as registry
 from fresh_rl.lag import version_ring
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm import old_logits as routes
@@ -70,7 +71,8 @@ def test_config_defaults_and_loss_check():
     assert config.route.uses_ewma and not ap.AsyncConfig().route.uses_ewma
     assert float(ap.AsyncConfig(staleness_window=0).default_hparams().ewma_beta) == 0.0
     assert float(ap.AsyncConfig(ewma_beta=0.5).default_hparams(window=0).ewma_beta) == 0.5
-    with pytest.raises(ValueError, match="RLConfig.loss must be 'decoupled'"):
+    # ppo_clip reads no old log-probs: the snapshot route's forwards would be wasted
+    with pytest.raises(ValueError, match="RLConfig.loss='ppo_clip'.*AsyncConfig.old_logit_route='snapshot'"):
         ap.make_iteration(RLConfig(), ap.AsyncConfig(), ENV, MODEL)
     assert ap.chunk_schedule(ap.AsyncConfig(partial_rollouts=True, segment_tokens=8), 26) == (8, 4)
     assert ap.chunk_schedule(ap.AsyncConfig(segment_tokens=8), 26) == (26, 1)
@@ -80,8 +82,8 @@ def test_route_costs(params):
     one = routes.param_bytes(params)
     assert one == 4 * sum(x.size for x in jax.tree_util.tree_leaves(params))
     copies = {r: ap.route_costs(ap.AsyncConfig(staleness_window=4, old_logit_route=r),
-                                params)["extra_param_copies"] for r in routes.ROUTES}
-    assert copies == {"recompute_current": 0, "snapshot": 5, "old_logit_model": 1,
+                                params)["extra_param_copies"] for r in registry.ROUTES}
+    assert copies == {"behaviour": 0, "recompute_current": 0, "snapshot": 5, "old_logit_model": 1,
                       "interrupt": 0, "linear_proxy": 0, "loglinear_proxy": 0, "ewma": 1,
                       "ewma_no_reset": 1}
     snapshot = ap.AsyncConfig(staleness_window=8, old_logit_route="snapshot")
@@ -287,17 +289,17 @@ def test_the_iteration_consumes_its_state_and_never_the_callers_params(params):
 
 
 def test_a_registered_route_runs_with_no_other_edit(params):
-    """A toy route (the sampler's own log-probs as old log-probs: no forward, no copy) is one
-    register_route call; config validation, init, collection, prepare, the loss and the cost
-    table all read the registry."""
-    toy = routes.OldLogitRoute(
-        "behaviour_as_old", lambda ctx: routes.RouteOutput(old=ctx.behaviour_log_probs))
+    """A toy route of the shared registry (the sampler's own log-probs as old log-probs: no
+    forward, no copy) is one register_route call; config validation, init, collection,
+    prepare, the loss and the cost table all read the registry."""
+    toy = registry.OldLogProbRoute(
+        "behaviour_as_old", lambda sources: registry.RouteOutput(old=sources.stored_behaviour()))
     with pytest.raises(ValueError, match="AsyncConfig.old_logit_route"):
         ap.AsyncConfig(old_logit_route=toy.name)
-    routes.register_route(toy)
+    registry.register_route(toy)
     try:
         with pytest.raises(ValueError, match="already registered"):
-            routes.register_route(toy)
+            registry.register_route(toy)
         config = ap.AsyncConfig(staleness_window=1, old_logit_route=toy.name)
         state, history = ap.train_loop(CONFIG, config, 0, 1, params=params, env=ENV,
                                        model_config=MODEL)
@@ -305,21 +307,36 @@ def test_a_registered_route_runs_with_no_other_edit(params):
         assert history["old_logit_forwards"][0] == 0.0
         assert history["abs_log_rd_mean"][0] == 0.0  # old == behaviour: r_d = 1 exactly
         assert ap.route_costs(config, params)["extra_param_copies"] == 0
-        assert toy.name in routes.routes_where(exact=False, collection_time=False)
+        assert toy.name in registry.routes_where(exact=False, collection_time=False)
     finally:
-        routes.unregister_route(toy.name)
-    assert toy.name not in routes.ROUTES
+        registry.unregister_route(toy.name)
+    assert toy.name not in registry.ROUTES
+
+
+@pytest.mark.parametrize("window", [0, 2])
+def test_behaviour_route_is_the_plain_ratio_against_the_sampler(params, window):
+    """``behaviour`` (old = stored π_infer): r_d ≡ 1, no forward, no copy, every token kept by
+    the MIS mask, with or without staleness."""
+    config = ap.AsyncConfig(staleness_window=2, old_logit_route="behaviour")
+    state, history = ap.train_loop(CONFIG, config, 0, 3, params=params, env=ENV,
+                                   model_config=MODEL, window=window)
+    assert state.ewma is None and int(state.train.step) == 3
+    np.testing.assert_array_equal(history["old_logit_forwards"], 0.0)
+    np.testing.assert_array_equal(history["abs_log_rd_mean"], 0.0)
+    np.testing.assert_array_equal(history["active_token_fraction"], 1.0)
+    assert history["lag/version_gap_mean"][-1] == window
+    assert ap.route_costs(config, params)["extra_param_copies"] == 0
 
 
 def test_registry_flags():
-    assert routes.routes_where(exact=True) == ("snapshot", "old_logit_model", "interrupt")
-    assert routes.routes_where(collection_time=True) == ("old_logit_model", "interrupt")
-    assert routes.routes_where(uses_ewma=True) == ("ewma", "ewma_no_reset")
-    assert {r: routes.ROUTES[r].proximal for r in routes.routes_where()
-            if routes.ROUTES[r].proximal} == {"linear_proxy": "linear",
-                                              "loglinear_proxy": "loglinear"}
-    with pytest.raises(ValueError, match="OldLogitRoute.proximal"):
-        routes.OldLogitRoute("bad", lambda ctx: None, proximal="cubic")
+    assert registry.routes_where(exact=True) == ("snapshot", "old_logit_model", "interrupt")
+    assert registry.routes_where(collection_time=True) == ("old_logit_model", "interrupt")
+    assert registry.routes_where(uses_ewma=True) == ("ewma", "ewma_no_reset")
+    assert {r: registry.ROUTES[r].proximal for r in registry.routes_where()
+            if registry.ROUTES[r].proximal} == {"linear_proxy": "linear",
+                                                "loglinear_proxy": "loglinear"}
+    with pytest.raises(ValueError, match="OldLogProbRoute.proximal"):
+        registry.OldLogProbRoute("bad", lambda sources: None, proximal="cubic")
 
 
 # --------------------------------------------------------------------------- ci experiment

@@ -80,8 +80,10 @@ def test_bad_config_names_the_field(kwargs, match):
 
 def test_incompatible_trainer_settings_fail_clearly():
     replay = rt.LLMReplayConfig()
-    with pytest.raises(ValueError, match="RLConfig.loss must be 'decoupled'"):
-        rt.check_compatible(RLConfig(estimator="reinforce_pp"), replay)
+    # the loss × route check (fresh_rl.llm.policy_losses.check_route): ppo_clip reads no old
+    # log-probs, so SYNC's snapshot forwards would be wasted
+    with pytest.raises(ValueError, match="RLConfig.loss='ppo_clip'.*AsyncConfig.old_logit_route='snapshot'"):
+        rt.make_iteration(RLConfig(estimator="reinforce_pp"), SYNC, replay, ENV, MODEL)
     with pytest.raises(ValueError, match="replay_advantages='recompute' needs"):
         rt.check_compatible(RLConfig(estimator="grpo", loss="decoupled"), replay)
     rt.check_compatible(RLConfig(estimator="grpo", loss="decoupled"),

@@ -90,3 +90,11 @@ def test_holm_over_cells_adjusts_each_claim_over_its_testable_cells():
     assert [r["verdict"] for r in rows] == ["reproduced", "undecided", "undecided", "not testable here"]
     # float64 Holm products of decimal p-values: ≤ 2 ulps ≪ approx's default rel 1e-6
     assert [r["p_holm"] for r in rows[:3]] == pytest.approx([0.003, 0.06, 0.5]) and rows[3]["p_holm"] == ""
+
+
+def test_every_claimed_route_is_a_repair_route_of_the_shared_registry():
+    """The claims name routes of the one registry every trainer shares
+    (fresh_rl.corrections.routes), among the repair routes the route grids run."""
+    from fresh_rl.corrections.routes import REPAIR_ROUTES
+    named = {r for _, a, b, _, _ in ROUTE_CLAIMS for r in (a, b)} | {r for _, r in RECOVERY_CLAIMS}
+    assert named | {"snapshot", "recompute_current"} <= set(REPAIR_ROUTES)

@@ -4,9 +4,9 @@ One grid cell (a task, a staleness window W, a learning rate, ...) runs every ro
 seeds. A claim compares two routes there on one metric: ``"return"`` (the learner's score:
 mean evaluation return in control, the LLM learner's verifiable success rate) or ``"active"``
 (the run's mean active-token fraction ρ_active). The difference a − b is decided by
-:func:`fresh_rl.eval.paired_claim` (Student-t on the seed-paired differences). Route names are those of both route
-registries (``fresh_rl.control.old_logits_train`` and ``fresh_rl.llm.old_logits``); this module
-knows only the names.
+:func:`fresh_rl.eval.paired_claim` (Student-t on the seed-paired differences). Route names are those of the one route
+registry every trainer shares (``fresh_rl.corrections.routes``); this module knows only the
+names.
 
 A cell where recompute_current (current weights standing in for the old ones) masks under
 :data:`MIN_MASKED_FRACTION` of the samples cannot test a route claim: the mask has not

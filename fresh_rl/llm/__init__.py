@@ -2,9 +2,10 @@
 tokenizers (tokenizer), bf16 KV-cache sampler and fp32 training forward (sampler),
 jittable text tasks (tasks), batched multi-turn episodes (rollout), supervised warm start
 (warm_start), GRPO / REINFORCE++ advantages (advantages), the synchronous policy-gradient
-trainer (trainer), the asynchronous simulator with staleness and partial rollouts
-(async_pipeline) and its registry of old-logit routes with their cost accounting
-(old_logits), the traced hyperparameters of a run (hparams), replay with FreshPER
+trainer (trainer) and its registry of policy losses (policy_losses: PPO-clip, decoupled,
+VACO), the asynchronous simulator with staleness and partial rollouts (async_pipeline) and
+the sources and forward passes behind the shared old-log-prob routes of
+``fresh_rl.corrections.routes`` (old_logits), the traced hyperparameters of a run (hparams), replay with FreshPER
 (replay_trainer), held-out evaluation (evaluation) and the experiments' shared presets:
 checkpoints, tasks, scales (presets).
 Import the submodules directly, e.g. ``from fresh_rl.llm import async_pipeline``."""

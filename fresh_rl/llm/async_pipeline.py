@@ -18,15 +18,20 @@ version k:
    versions and its newest tokens may come from θ_k. Every action token carries its version
    tag (``Episodes.token_extras["version"]``). Optional Gaussian logit noise
    (``extra_mismatch_std``) adds a mismatch on top of bf16 vs fp32.
-3. **old log-probs** by the route, looked up in the registry
-   :data:`fresh_rl.llm.old_logits.ROUTES` (no route names are special-cased here).
-4. **update**: the trainer's ``update`` with ``loss="decoupled"``: MIS/TIS on r_d, clip on r_s.
+3. **old log-probs** by the route, looked up in the one registry every trainer shares,
+   :data:`fresh_rl.corrections.routes.ROUTES` (no route names are special-cased here); the
+   route calls the pipeline's sources, :class:`fresh_rl.llm.old_logits.RouteContext`.
+4. **update**: the trainer's ``update`` with the policy loss ``RLConfig.loss``
+   (:data:`fresh_rl.llm.policy_losses.LOSSES`): ``"decoupled"`` (MIS/TIS on r_d, clip on r_s),
+   ``"vaco"`` (advantages realigned to the route's old log-probs, TV filter) or
+   ``"ppo_clip"`` (with the ``behaviour`` route only: it reads no old log-probs).
+   :func:`fresh_rl.llm.policy_losses.check_route` refuses a loss × route pair that does not fit.
 5. **versions**: push θ_{k+1} into the ring; for the EWMA routes
    θ_ref ← β θ_ref + (1 − β) θ_{k+1} once per version (β = ``state.hparams.ewma_beta``,
    default w/(w + 1); docs/old_logits.md).
 
-With W = 0 the sampler always uses θ_k and every route but the proxies reduces to the
-synchronous trainer's decoupled loss.
+With W = 0 the sampler always uses θ_k and every route but the proxies and ``behaviour``
+reduces to the synchronous trainer's loss.
 """
 from __future__ import annotations
 
@@ -42,10 +47,12 @@ import numpy as np
 from fresh_rl.corrections import (EWMAReference, ewma_beta_from_staleness, ewma_update,
                                   init_ewma_reference, version_lag_statistics)
 from fresh_rl.lag import version_ring
+from fresh_rl.corrections.routes import ROUTES, OldLogProbRoute, get_route, route_param_copies
 from fresh_rl.lag.version_ring import VersionRing
-from fresh_rl.llm import old_logits as routes
 from fresh_rl.llm.hparams import LLMHyperParams
 from fresh_rl.llm.model import Qwen2Config
+from fresh_rl.llm.old_logits import RouteContext, fp32_logprobs, param_bytes
+from fresh_rl.llm.policy_losses import check_route
 from fresh_rl.llm.rollout import Episodes, right_to_left_padded, run_episodes, write_span
 from fresh_rl.llm.tasks.vocab import check_model_vocab
 from fresh_rl.llm.sampler import generate, join_prompt_and_generation
@@ -74,7 +81,7 @@ class AsyncConfig:
         the paper's is wall time). Ignored without partial rollouts.
       extra_mismatch_std: σ ≥ 0 of Gaussian noise on the sampler's logits (MoE-routing-like
         extra mismatch; 0 = bf16 vs fp32 only).
-      old_logit_route: a route registered in :data:`fresh_rl.llm.old_logits.ROUTES`.
+      old_logit_route: a route registered in :data:`fresh_rl.corrections.routes.ROUTES`.
       ewma_beta: default of ``hparams.ewma_beta``, β ∈ [0, 1] of the EWMA routes; ``None`` =
         w/(w + 1), centre of mass w (:func:`fresh_rl.corrections.ewma_beta_from_staleness`;
         the paper's rule is not known).
@@ -109,7 +116,7 @@ class AsyncConfig:
         require_int("AsyncConfig.segment_tokens", self.segment_tokens, 1)
         require_in_range("AsyncConfig.extra_mismatch_std", self.extra_mismatch_std, 0.0,
                          math.inf)
-        require_choice("AsyncConfig.old_logit_route", self.old_logit_route, tuple(routes.ROUTES))
+        require_choice("AsyncConfig.old_logit_route", self.old_logit_route, tuple(ROUTES))
         if self.ewma_beta is not None:
             require_in_range("AsyncConfig.ewma_beta", self.ewma_beta, 0.0, 1.0)
         require_in_range("AsyncConfig.ewma_reset_threshold", self.ewma_reset_threshold, 0.0,
@@ -122,9 +129,9 @@ class AsyncConfig:
         return self.staleness_window + 1
 
     @property
-    def route(self) -> routes.OldLogitRoute:
-        """The registered :class:`~fresh_rl.llm.old_logits.OldLogitRoute`."""
-        return routes.get_route(self.old_logit_route)
+    def route(self) -> OldLogProbRoute:
+        """The registered :class:`~fresh_rl.corrections.routes.OldLogProbRoute`."""
+        return get_route(self.old_logit_route)
 
     def beta(self, window: int) -> float:
         """The default EWMA β of a run with window ``window``."""
@@ -229,8 +236,7 @@ def versioned_policy(ring: VersionRing, start_lag, *, config: RLConfig,
                       "segment": jnp.broadcast_to(segment + 1, gen.tokens.shape)}
             if collect_segment_old_logprobs:
                 full, full_mask = join_prompt_and_generation(prompt, prompt_mask, gen)
-                logp = routes.fp32_logprobs(params, model_config, full, full_mask,
-                                            config.temperature)
+                logp = fp32_logprobs(params, model_config, full, full_mask, config.temperature)
                 values["old_logprobs"] = logp[:, prompt.shape[1]:]
             out = {name: write(out[name], generated, values[name], gen.lengths)
                    for name in out}
@@ -281,7 +287,8 @@ class FreshBatch:
 def prepare(state: AsyncState, key, *, config: RLConfig, async_config: AsyncConfig, env,
             model_config: Qwen2Config) -> FreshBatch:
     """Steps 1–3 of an iteration: lag → collect → old log-probs by the registered route
-    (:class:`fresh_rl.llm.old_logits.OldLogitRoute`)."""
+    (:class:`fresh_rl.corrections.routes.OldLogProbRoute`, called with the pipeline's
+    :class:`~fresh_rl.llm.old_logits.RouteContext`)."""
     k_collect, _ = jax.random.split(key)
     ring, train, window = state.ring, state.train, state.hparams.window
     lag = window if async_config.lag_kind == "fixed" else jax.random.randint(
@@ -290,12 +297,11 @@ def prepare(state: AsyncState, key, *, config: RLConfig, async_config: AsyncConf
     episodes = collect(ring, start_lag, k_collect, config=config, async_config=async_config,
                        env=env, model_config=model_config)
     action_mask = episodes.action_mask & episodes.mask
-    context = routes.RouteContext(
-        params=train.params, ring=ring, ewma=state.ewma, hparams=state.hparams,
+    context = RouteContext(
+        params=train.params, ring=ring, ewma_reference=state.ewma, hparams=state.hparams,
         episodes=episodes, action_mask=action_mask,
         behaviour_log_probs=jnp.where(action_mask, episodes.behaviour_log_probs, 0.0),
-        versions=episodes.token_extras["version"], config=config, async_config=async_config,
-        model_config=model_config,
+        versions=episodes.token_extras["version"], config=config, model_config=model_config,
         segments=env.max_turns * chunk_schedule(async_config, env.action_len)[1])
     out = async_config.route.fn(context)
     batch = prepare_batch(train.params, episodes, config=config, model_config=model_config,
@@ -330,9 +336,10 @@ def fresh_metrics(fresh: FreshBatch, update_metrics, learner_version, *,
     ewma = fresh.ewma
     gaps = version_lag_statistics(episodes.token_extras["version"], learner_version,
                                   action_mask)
-    return {**update_metrics, **batch_metrics(episodes, fresh.batch, config),
-            "abs_log_rd_mean": update_metrics["train_infer/log_ratio_abs_mean"],
-            **{f"lag/{name}": value for name, value in gaps.items()},
+    metrics = {**update_metrics, **batch_metrics(episodes, fresh.batch, config)}
+    if "train_infer/log_ratio_abs_mean" in update_metrics:  # r_d as the loss saw it (proxies)
+        metrics["abs_log_rd_mean"] = update_metrics["train_infer/log_ratio_abs_mean"]
+    return {**metrics, **{f"lag/{name}": value for name, value in gaps.items()},
             "start_lag": fresh.start_lag.astype(jnp.float32),
             "old_logit_forwards": fresh.forwards.astype(jnp.float32),
             "ewma_reset": fresh.reset.astype(jnp.float32),
@@ -346,8 +353,9 @@ def iteration(state: AsyncState, key, *, config: RLConfig, async_config: AsyncCo
     (:func:`prepare`, the trainer's ``update``, :func:`finish`).
 
     Metrics: the trainer's (success_rate, active_token_fraction, clip_fraction on r_s, …) plus
-    ``abs_log_rd_mean`` (mean |log r_d| as the loss saw it, averaged over minibatches; for the
-    proxies the in-loss proxy), ``lag/version_gap_mean`` / ``lag/version_gap_max`` (version
+    ``abs_log_rd_mean`` (mean |log r_d|: as the decoupled loss saw it, averaged over
+    minibatches, for the proxies the in-loss proxy; for the other losses |log π_old − log
+    π_infer| of the batch), ``lag/version_gap_mean`` / ``lag/version_gap_max`` (version
     gap k − v of the action tokens, the control trainers' names), ``start_lag``, ``old_logit_forwards`` (fp32 forward passes spent on old log-probs:
     full-batch forwards at train time, one per segment at collection time, none for the
     proxies), ``ewma_reset`` / ``ewma_reset_count``.
@@ -365,10 +373,10 @@ def make_iteration(config: RLConfig, async_config: AsyncConfig, env, model_confi
                    num_seeds: Optional[int] = None):
     """Jitted ``(state, key) -> (state, metrics)``; with ``num_seeds`` vmapped over a leading
     seed axis of state and key. Cached and state-donating like
-    :func:`fresh_rl.llm.trainer.make_iteration`."""
-    if config.loss != "decoupled":
-        raise ValueError(f"RLConfig.loss must be 'decoupled' for the async pipeline (the "
-                         f"routes supply its old log-probs), got {config.loss!r}")
+    :func:`fresh_rl.llm.trainer.make_iteration`. ``ValueError`` (naming ``RLConfig.loss`` and
+    ``AsyncConfig.old_logit_route``) for a loss × route pair that does not fit
+    (:func:`fresh_rl.llm.policy_losses.check_route`)."""
+    check_route(config.loss, async_config.old_logit_route)
 
     def build():
         fn = lambda state, key: iteration(state, key, config=config,  # noqa: E731
@@ -414,14 +422,17 @@ def train_loop(config: RLConfig, async_config: AsyncConfig, seeds, num_iteration
 
 def route_costs(async_config: AsyncConfig, params: Any,
                 window: Optional[int] = None) -> dict[str, float]:
-    """Static memory cost of the route at window w (default W): extra parameter copies
-    (:func:`fresh_rl.llm.old_logits.route_param_copies`) and their bytes in the storage dtype
-    ``async_config.stored_params_dtype`` (4 per parameter for fp32, 2 for bf16)."""
+    """Static memory cost of the route at window w (default W): extra parameter copies besides
+    the learner's own and the inference engine's, with one actor group
+    (:func:`fresh_rl.corrections.routes.route_param_copies`: snapshot W + 1, every version an
+    in-flight or buffered token may carry, the current one included, since the learner
+    overwrites it; old_logit_model 1, the dedicated replica; ewma / ewma_no_reset 1, θ_ref;
+    the others 0) and their bytes in the storage dtype ``async_config.stored_params_dtype``
+    (4 per parameter for fp32, 2 for bf16)."""
     window = async_config.staleness_window if window is None else window
-    copies = routes.route_param_copies(async_config.old_logit_route, window)
+    copies = route_param_copies(async_config.old_logit_route, window, actor_groups=1)
     return {"extra_param_copies": copies,
-            "extra_param_bytes": copies * routes.param_bytes(
-                params, async_config.stored_params_dtype)}
+            "extra_param_bytes": copies * param_bytes(params, async_config.stored_params_dtype)}
 
 
 __all__ = ["AsyncConfig", "AsyncState", "FreshBatch", "LAG_KINDS", "STORED_PARAMS_DTYPES", "chunk_schedule", "collect",

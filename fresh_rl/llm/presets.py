@@ -27,10 +27,10 @@ import dataclasses
 import math
 from typing import Optional
 
+from fresh_rl.corrections.routes import REPAIR_ROUTES
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm import replay_trainer as rt
 from fresh_rl.llm.model import preset
-from fresh_rl.llm.old_logits import BUILTIN_ROUTES
 from fresh_rl.llm.tasks import (ArithmeticTask, CountdownTask, FrozenLakeTask, SearchQATask,
                                 SokobanTask)
 from fresh_rl.llm.tasks.vocab import with_vocab
@@ -236,8 +236,8 @@ OLD_LOGITS_SCALES = {
         rl=dataclasses.replace(OLD_LOGITS_RL, num_groups=64, group_size=8, learning_rate=1e-6,
                                minibatches=4, remat=True),
         env=ArithmeticTask(digits=2, steps=2), windows=(1, 2, 4, 8),
-        grid_routes=BUILTIN_ROUTES, seeds=5, iterations=300, overhead_window=4,
-        overhead_iterations=10, partial_routes=BUILTIN_ROUTES, partial_window=4,
+        grid_routes=REPAIR_ROUTES, seeds=5, iterations=300, overhead_window=4,
+        overhead_iterations=10, partial_routes=REPAIR_ROUTES, partial_window=4,
         segment_tokens=32, eval_episodes=1024),
     # the LLM confirmation on the BPE warm start: random staleness L ~ U{0..W}, the route
     # grid at W ∈ {1, 4, 16}, GRPO at the RL-gain study's settings on a fixed pool of 64

@@ -15,10 +15,15 @@ One jitted iteration at learner version k (the authors' loop; docs/freshper.md, 
        p_i(t) = p_i^base · exp(−(t − t_i)/τ),     P(i) ∝ p_i(t)^α
 
 3. **K replay updates**, each on a separate batch of ``batch_size`` trajectories sampled from
-   the buffer (stratified PER sampling; uniform for ``sampling="uniform"``). The ratio
+   the buffer (stratified PER sampling; uniform for ``sampling="uniform"``), with the run's
+   policy loss ``RLConfig.loss`` (:data:`fresh_rl.llm.policy_losses.LOSSES`). The ratio
    reference of a replayed token is its **stored** π_old (never recomputed), so the decoupled
    loss clips r_s = π_θ/π_old(t_i) against the version that generated it and the MIS mask on
-   r_d = π_old/π_infer still sees only the train–inference discrepancy. Advantages are
+   r_d = π_old/π_infer still sees only the train–inference discrepancy; ``vaco`` realigns the
+   replay batch's advantages with min(ρ̄, π_old/π_infer) and filters on π_θ/π_old(t_i), the
+   drift since the stored route's version (our reading: VACO's π_T is the learner at batch
+   start, which a replay batch's stored π_old only is for the fresh batch of
+   ``recompute_current``); ``ppo_clip`` clips π_θ/π_infer. Advantages are
    recomputed on the replay batch (REINFORCE++ batch normalisation, as the authors' code
    does) or the stored fresh ones are reused (``replay_advantages="stored"``, needed for
    GRPO, whose groups a replay batch does not keep). Optional PER importance weights
@@ -26,6 +31,11 @@ One jitted iteration at learner version k (the authors' loop; docs/freshper.md, 
    its loss term since w_i ≥ 0 (β constant or annealed linearly to ``is_beta_final``).
    With ``priority="advantage"`` the sampled items' priorities are refreshed afterwards.
 4. **finish**: the learner after all 1 + K updates becomes version k + 1 (ring push, EWMA).
+
+The fresh step's old log-probs come from the pipeline's route (``AsyncConfig.old_logit_route``,
+:data:`fresh_rl.corrections.routes.ROUTES`; e.g. ``ewma``), so a loss, a route and the
+FreshPER buffer compose in one run; :func:`fresh_rl.llm.policy_losses.check_route` refuses a
+loss × route pair that does not fit.
 
 Age is counted in iterations (policy versions), the authors' outer-step clock: one iteration
 is 1 + K updates, so τ = 500 in the paper is 500 iterations. Standard PER is
@@ -60,6 +70,7 @@ from fresh_rl.corrections import approx_kl
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm.hparams import LLMHyperParams
 from fresh_rl.llm.model import Qwen2Config
+from fresh_rl.llm.policy_losses import check_route
 from fresh_rl.llm.sampler import token_logprobs_and_entropy
 from fresh_rl.llm.trainer import (Batch, RLConfig, cached_build, compute_advantages,
                                   loop_keys, stack_rows, update)
@@ -168,9 +179,6 @@ class LLMReplayConfig:
 
 def check_compatible(config: RLConfig, replay_config: LLMReplayConfig) -> None:
     """Raises ``ValueError`` for trainer / replay settings that do not fit together."""
-    if config.loss != "decoupled":
-        raise ValueError(f"RLConfig.loss must be 'decoupled' for replay (the stored old "
-                         f"log-probs are the ratio reference), got {config.loss!r}")
     if replay_config.replay_advantages == "recompute" and not (
             config.estimator == "reinforce_pp" and config.reinforce_pp_grouping == "batch"):
         raise ValueError("LLMReplayConfig.replay_advantages='recompute' needs "
@@ -387,8 +395,11 @@ def make_iteration(config: RLConfig, async_config: ap.AsyncConfig,
                    replay_config: LLMReplayConfig, env, model_config: Qwen2Config,
                    num_seeds: Optional[int] = None):
     """Jitted ``(state, key) -> (state, metrics)`` (vmapped over seeds with ``num_seeds``),
-    cached and state-donating like :func:`fresh_rl.llm.trainer.make_iteration`."""
+    cached and state-donating like :func:`fresh_rl.llm.trainer.make_iteration`; ``ValueError``
+    for settings that do not fit (:func:`check_compatible`, the loss × route check
+    :func:`fresh_rl.llm.policy_losses.check_route`)."""
     check_compatible(config, replay_config)
+    check_route(config.loss, async_config.old_logit_route)
 
     def build():
         fn = lambda state, key: iteration(state, key, config=config,  # noqa: E731

@@ -13,13 +13,12 @@ One iteration (all jitted, one compiled function per (config, env, model) triple
 3. **advantages**: :func:`~fresh_rl.llm.advantages.grpo_advantages` or
    :func:`~fresh_rl.llm.advantages.reinforce_pp_advantages` of the episode returns.
 4. **update**: ``epochs × minibatches`` AdamW steps (global-norm clip) on the token-mean loss
-
-   * ``loss="ppo_clip"``: :func:`~fresh_rl.corrections.ppo_clip_loss` with the ratio
-     π_θ/π_infer against the sampler's log-probs (what most LLM-RL code does when it skips the
-     recompute);
-   * ``loss="decoupled"``: :func:`~fresh_rl.corrections.decoupled_ppo_loss`, MIS/TIS on
-     r_d = π_old_train/π_infer and the PPO clip on r_s = π_θ/π_old_train
-     (docs/old_logits.md).
+   ``RLConfig.loss``, an entry of the policy-loss registry
+   :data:`fresh_rl.llm.policy_losses.LOSSES`: ``"ppo_clip"`` (the ratio π_θ/π_infer against
+   the sampler's log-probs), ``"decoupled"`` (MIS/TIS on r_d = π_old_train/π_infer, the PPO
+   clip on r_s = π_θ/π_old_train; docs/old_logits.md) or ``"vaco"`` (advantages realigned
+   once per batch, then the TV filter; docs/vaco.md). A loss's once-per-batch step (VACO's
+   realignment) runs at the start of ``update``.
 
    Each step's gradient is that of the whole minibatch, optionally accumulated exactly over
    ``grad_accumulation_steps`` micro-batches (:func:`minibatch_gradient`) and computed in
@@ -42,12 +41,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fresh_rl.corrections import (DecoupledPPOConfig, MISConfig, PPOClipConfig,
-                                  linear_proximal_log_probs, loglinear_proximal_log_probs,
+from fresh_rl.corrections import (DecoupledPPOConfig, MISConfig, PPOClipConfig, VACOConfig,
                                   masked_mean)
-from fresh_rl.corrections.decoupled import decoupled_ppo_loss_sum
-from fresh_rl.corrections.policy_losses import ppo_clip_loss_sum, token_mean_loss
+from fresh_rl.corrections.policy_losses import token_mean_loss
 from fresh_rl.llm import advantages as adv_lib
+from fresh_rl.llm.policy_losses import get_loss
 from fresh_rl.llm.model import Qwen2Config, cast_params
 from fresh_rl.llm.rollout import Episodes, model_policy, run_episodes
 from fresh_rl.llm.sampler import LOGPROB_CHUNK_TOKENS, SamplingConfig, token_logprobs_and_entropy
@@ -57,9 +55,6 @@ from fresh_rl.validation import require_choice, require_in_range, require_int
 
 ESTIMATORS = ("grpo", "reinforce_pp")
 COMPUTE_DTYPES = ("float32", "bfloat16")
-LOSSES = ("ppo_clip", "decoupled")
-PROXIMAL_PROXIES = {"linear": linear_proximal_log_probs,
-                    "loglinear": loglinear_proximal_log_probs}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,12 +79,21 @@ class RLConfig:
         minibatch's log-probs, so they equal the unsplit step's too. Costs a parameter-sized
         gradient accumulator and a sequential loop of smaller forward/backward passes
         (measured: M = 4 cuts the update's XLA temp memory from 818 to 204 MiB for 32 × 256
-        tokens of the tiny preset). Default 1 (no split).
-      loss: ``"ppo_clip"`` (ratio against the sampler log-probs) or ``"decoupled"``
-        (r_d · r_s with the fp32 old log-probs at batch start).
+        tokens of the tiny preset). Default 1 (no split). A loss whose token sums do not add
+        up over row parts (``PolicyLoss.splits_by_rows`` false: ``vaco``) needs 1.
+      loss: a registered :class:`fresh_rl.llm.policy_losses.PolicyLoss`: ``"ppo_clip"``
+        (ratio against the sampler log-probs), ``"decoupled"`` (r_d · r_s with the fp32 old
+        log-probs at batch start) or ``"vaco"`` (realigned advantages and the TV filter).
       clip: the PPO clip (on the total ratio for ``ppo_clip``, on r_s for ``decoupled``).
       mis, tis_cap, tis_level: the r_d mask / weight of the decoupled loss (ignored by
-        ``ppo_clip``); see :class:`fresh_rl.corrections.DecoupledPPOConfig`.
+        the others); see :class:`fresh_rl.corrections.DecoupledPPOConfig`.
+      vaco: the TV filter of ``vaco`` (:class:`fresh_rl.corrections.VACOConfig`: δ > 0, default
+        0.2 as the paper, read on the ``"tv"`` scale D̂ = ½·mean|r − 1| unless
+        ``threshold_convention="l1"``; the ratio's reference ``"learner_start"`` = the batch's
+        old log-probs, or ``"behaviour"`` = π_infer). Ignored by the other losses.
+      vaco_rho_bar: ρ̄ ∈ (0, ∞] of ``vaco``'s realignment Â' = min(ρ̄, π_ref/π_infer)·Â
+        (:func:`fresh_rl.llm.policy_losses.vaco_realign`; default 1.0, IMPALA's: the paper
+        tunes ρ̄ and does not give it). Ignored by the other losses.
       temperature: sampling temperature (> 0); the fp32 forward uses the same temperature so
         that both sides score the same distribution.
       scale_by_std: GRPO divides by the group std (False: Dr. GRPO's mean-centring only).
@@ -135,6 +139,8 @@ class RLConfig:
     mis: MISConfig = MISConfig()
     tis_cap: Optional[float] = None
     tis_level: str = "token"
+    vaco: VACOConfig = VACOConfig()
+    vaco_rho_bar: float = 1.0
     temperature: float = 1.0
     scale_by_std: bool = True
     reinforce_pp_grouping: str = "batch"
@@ -153,7 +159,7 @@ class RLConfig:
         require_choice("RLConfig.estimator", self.estimator, ESTIMATORS)
         require_choice("RLConfig.update_compute_dtype", self.update_compute_dtype,
                        COMPUTE_DTYPES)
-        require_choice("RLConfig.loss", self.loss, LOSSES)
+        get_loss(self.loss)  # ValueError naming RLConfig.loss and the registered losses
         require_choice("RLConfig.reinforce_pp_grouping", self.reinforce_pp_grouping,
                        ("batch", "group"))
         for name in ("num_groups", "group_size", "epochs", "minibatches", "logprob_chunk_tokens",
@@ -167,6 +173,10 @@ class RLConfig:
             raise ValueError(f"RLConfig.grad_accumulation_steps must divide the minibatch size "
                              f"batch_size/minibatches={self.minibatch_size}, got "
                              f"{self.grad_accumulation_steps}")
+        if not get_loss(self.loss).splits_by_rows and self.grad_accumulation_steps != 1:
+            raise ValueError(f"RLConfig.grad_accumulation_steps must be 1 with RLConfig.loss="
+                             f"{self.loss!r} (its token sums do not add up over row parts), "
+                             f"got {self.grad_accumulation_steps}")
         if self.estimator == "grpo" and self.group_size < 2:
             raise ValueError(f"RLConfig.group_size must be >= 2 for GRPO, got {self.group_size}")
         require_in_range("RLConfig.learning_rate", self.learning_rate, 0.0, math.inf,
@@ -178,6 +188,10 @@ class RLConfig:
                          low_inclusive=False)
         require_in_range("RLConfig.advantage_eps", self.advantage_eps, 0.0, math.inf)
         require_in_range("RLConfig.gamma", self.gamma, 0.0, 1.0)
+        require_in_range("RLConfig.vaco_rho_bar", self.vaco_rho_bar, 0.0, math.inf,
+                         low_inclusive=False)
+        if not isinstance(self.vaco, VACOConfig):
+            raise ValueError(f"RLConfig.vaco must be a VACOConfig, got {self.vaco!r}")
         object.__setattr__(self, "prompt_pool", require_int("RLConfig.prompt_pool", self.prompt_pool, 0))
         if self.prompt_pool != 0 and self.prompt_pool < self.num_groups:
             raise ValueError(f"RLConfig.prompt_pool must be 0 or an integer >= num_groups="
@@ -355,25 +369,17 @@ def policy_logprobs(params, batch: Batch, *, config: RLConfig, model_config: Qwe
 
 def loss_terms(logp, entropy, batch: Batch, *, config: RLConfig,
                proximal: Optional[str] = None):
-    """``(token_sum, token_count, metrics)`` of the policy loss of ``batch`` given its log-probs
-    ``logp`` = log π_θ (and ``entropy``): the loss is ``token_sum / max(token_count, 1)``
+    """``(token_sum, token_count, metrics)`` of the policy loss ``config.loss`` (an entry of
+    :data:`fresh_rl.llm.policy_losses.LOSSES`) of ``batch`` given its log-probs ``logp`` =
+    log π_θ (and ``entropy``): the loss is ``token_sum / max(token_count, 1)``
     (:func:`~fresh_rl.corrections.policy_losses.token_mean_loss`; the count carries no gradient).
 
-    ``proximal`` (``"linear"`` / ``"loglinear"``, decoupled loss only) replaces
-    ``batch.old_logprobs`` by the interpolation proxy between π_infer and the detached π_θ
-    with weight ``batch.proxy_alpha`` (A-3PO / AReaL ``prox_logp_method``; no extra forward
-    pass; docs/old_logits.md, Proposition 1)."""
-    if config.loss == "ppo_clip":
-        total, count, metrics = ppo_clip_loss_sum(logp, batch.behaviour_log_probs,
-                                                  batch.advantages, batch.action_mask,
-                                                  config=config.clip)
-    else:
-        old = batch.old_logprobs
-        if proximal is not None:
-            old = PROXIMAL_PROXIES[proximal](batch.behaviour_log_probs, logp, batch.proxy_alpha)
-        total, count, metrics = decoupled_ppo_loss_sum(logp, old, batch.behaviour_log_probs,
-                                                       batch.advantages, batch.action_mask,
-                                                       config=config.decoupled)
+    ``proximal`` (``"linear"`` / ``"loglinear"``, losses with ``accepts_proximal`` only:
+    ``decoupled``) replaces ``batch.old_logprobs`` by the interpolation proxy between π_infer
+    and the detached π_θ with weight ``batch.proxy_alpha`` (A-3PO / AReaL
+    ``prox_logp_method``; no extra forward pass; docs/old_logits.md, Proposition 1)."""
+    total, count, metrics = get_loss(config.loss).fn(logp, batch, config=config,
+                                                     proximal=proximal)
     return total, count, dict(metrics, entropy=masked_mean(entropy, batch.action_mask))
 
 
@@ -426,7 +432,16 @@ def update(state: TrainState, batch: Batch, key, *, config: RLConfig,
            model_config: Qwen2Config, proximal: Optional[str] = None):
     """``epochs × minibatches`` optimizer steps on ``batch`` (each over
     ``grad_accumulation_steps`` micro-batches, :func:`minibatch_gradient`); metrics averaged
-    over the steps (``proximal``: see :func:`loss_terms`)."""
+    over the steps (``proximal``: see :func:`loss_terms`). The loss's once-per-batch step
+    (``PolicyLoss.realign``: VACO's advantage realignment) runs first, and its metrics join
+    the steps'."""
+    loss = get_loss(config.loss)
+    if proximal is not None and not loss.accepts_proximal:
+        raise ValueError(f"RLConfig.loss={config.loss!r} takes no interpolation proxy for its "
+                         f"old log-probs, got proximal={proximal!r}")
+    realigned = {}
+    if loss.realign is not None:
+        batch, realigned = loss.realign(batch, config)
     optimizer = make_optimizer(config)
     size = config.minibatch_size
 
@@ -446,7 +461,7 @@ def update(state: TrainState, batch: Batch, key, *, config: RLConfig,
         return state, metrics
 
     state, metrics = jax.lax.scan(one_step, state, order)
-    return state, jax.tree_util.tree_map(jnp.mean, metrics)
+    return state, {**jax.tree_util.tree_map(jnp.mean, metrics), **realigned}
 
 
 def batch_metrics(episodes: Episodes, batch: Batch, config: RLConfig) -> dict[str, jax.Array]:
@@ -541,7 +556,7 @@ def train_loop(config: RLConfig, seed, num_iterations: int, *, params, env,
                     checkpoint_every=checkpoint_every, log=log)
 
 
-__all__ = ["Batch", "COMPUTE_DTYPES", "PROXIMAL_PROXIES", "RLConfig", "TrainState", "batch_metrics",
+__all__ = ["Batch", "COMPUTE_DTYPES", "RLConfig", "TrainState", "batch_metrics",
            "cached_build", "collect", "compute_advantages", "group_prompt_match",
            "group_reset_keys", "init_train_state", "iteration",
            "loop_keys", "loss_terms", "make_iteration", "make_optimizer", "minibatch_gradient",
