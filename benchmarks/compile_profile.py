@@ -87,11 +87,16 @@ def _parts(config: TrainConfig) -> dict:
 
     hparams = HyperParams.from_config(config)
     state = init_state(config, key, hparams)
-    _, batch, _ = train_lib._rollout(config, state, key, hparams)
+    from fresh_rl.control.acting import rollout
+
+    def act(st, k):
+        return rollout(config, st.ring, st.env_state, st.obs, k, hparams.lag)
+
+    batch = act(state, key)[2]
     return {
         "ppo_clip/init_state": (lambda k: init_state(config, k, hparams), (key,)),
-        "ppo_clip/rollout": (lambda st, k: train_lib._rollout(config, st, k, hparams), (state, key)),
-        "ppo_clip/update": (lambda st, b, k: train_lib._update(config, st, b, k, hparams), (state, batch, key)),
+        "ppo_clip/rollout": (act, (state, key)),
+        "ppo_clip/update": (lambda st, b, k: train_lib.update(config, st, b, k, hparams), (state, batch, key)),
         "ppo_clip/train_iteration": (lambda st, k: train_iteration(config, st, k, hparams), (state, key)),
     }
 

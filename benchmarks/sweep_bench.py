@@ -22,7 +22,7 @@ from pathlib import Path
 import jax
 
 from fresh_rl.provenance import git_commit, write_csv
-from fresh_rl.control.train import TrainConfig, train
+from fresh_rl.control import TrainConfig, train
 
 CONFIG = TrainConfig(env_name="CartPole-v1", num_envs=8, rollout_length=32, total_env_steps=8 * 32 * 20,
                      num_epochs=4, num_minibatches=4, method="ppo_clip")

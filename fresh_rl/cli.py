@@ -366,7 +366,7 @@ def sweep_grid(config, num_seeds: int, seed: int, grid_values: dict):
 
 
 def cmd_sweep(args) -> None:
-    from fresh_rl.control.train import TrainConfig, train
+    from fresh_rl.control import TrainConfig, train
     from fresh_rl.lag import DelayConfig
     import jax
 

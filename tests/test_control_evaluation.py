@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from fresh_rl.control import TrainConfig, VecEnv, evaluate, evaluation_key, networks, train
 from fresh_rl.control.env_types import RunningStats
-from fresh_rl.control.train import Batch, _forward_tv
+from fresh_rl.control.acting import log_probs
+from fresh_rl.corrections import tv_estimate
 from fresh_rl.eval import eval_area_under_curve, eval_final_score, eval_initial_score
 from fresh_rl.lag import DelayConfig, version_ring
 from fresh_rl.sweep.keys import split_run_key, step_key
@@ -157,10 +158,6 @@ def test_forward_tv_matches_numpy(run):
     rng = np.random.default_rng(0)
     obs = rng.normal(size=(3, 5, 4)).astype(np.float32)
     action = rng.integers(0, 2, size=(3, 5)).astype(np.int32)
-    zeros = np.zeros((3, 5), np.float32)
-    batch = Batch(obs=obs, action=action, reward=zeros, terminated=zeros.astype(bool),
-                  truncated=zeros.astype(bool), next_obs=obs, behaviour_log_prob=zeros,
-                  version=zeros.astype(np.int32))
     old = version_ring.get(run.state.ring, 1)
     new = jax.tree.map(lambda a, b: a + 30.0 * (b - a), old, run.params)
 
@@ -171,14 +168,16 @@ def test_forward_tv_matches_numpy(run):
 
     expected = 0.5 * np.mean(np.abs(probs(new) / probs(old) - 1.0))
     net = CONFIG.network()
-    logp_old = jax.jit(lambda p: networks.log_prob(net.apply(p, batch.obs)[0], batch.action))(old)
-    forward_tv = jax.jit(_forward_tv, static_argnums=0)
+    logp_old = jax.jit(lambda p: networks.log_prob(net.apply(p, obs)[0], action))(old)
+    # the trainer's lag/forward_tv: tv_estimate(log π_θ − log π_T) on the batch's (s, a)
+    forward_tv = jax.jit(lambda config, logp_T, params, _: tv_estimate(log_probs(config, params, obs, action) - logp_T),
+                         static_argnums=0)
     assert expected > 0.05  # a float64 function of the run's θ: ≈ 0.37, 7× above
     # float32 log π of |logits| ≲ 3 off by ≲ few ulp ≈ 1e-6, ratios ≤ 2.1: TV off by ≲ 3e-6 relative
-    np.testing.assert_allclose(float(forward_tv(CONFIG, logp_old, new, batch)), expected, rtol=1e-4)
+    np.testing.assert_allclose(float(forward_tv(CONFIG, logp_old, new, None)), expected, rtol=1e-4)
     # the same forward in two programs (logp_old's jit, _forward_tv's): 0 when bit-equal, and a fusion-
     # dependent ulp in log π (|log π| ≲ 3: ≲ 5e-7) gives TV ≲ 3e-7; the old == 0.0 needed bit-equality
-    assert abs(float(forward_tv(CONFIG, logp_old, old, batch))) <= 1e-6
+    assert abs(float(forward_tv(CONFIG, logp_old, old, None))) <= 1e-6
 
 
 def test_bad_evaluation_settings_name_the_field():

@@ -19,7 +19,7 @@ from fresh_rl.control import METHODS, HyperParams, Method, TrainConfig, train
 from fresh_rl.control.methods import centring_weight, method_table, method_table_markdown
 from fresh_rl.control.presets import (KL_COEFS, VACO_SCALES, Scale, headline_index, study_variants, swept_field,
                                       variant_config, variant_grid)
-from fresh_rl.control.train import _normalize_advantages
+from fresh_rl.control.losses import normalize_advantages
 from fresh_rl.corrections import VACOConfig
 from fresh_rl.lag import DelayConfig
 
@@ -60,7 +60,7 @@ def _jax_extra_gradients(theta, log_beta, log_pi_t):
     out = {}
     for name in ("impala", "vaco_align_only", "ppo_kl"):
         method = METHODS[name]
-        ref = log_beta if method.reference == "behaviour" else log_pi_t
+        ref = log_beta if method.default_route == "behaviour" else log_pi_t
         config = TrainConfig(**{**TINY, "num_minibatches": 1}, method=name)
 
         def loss(th, adv, method=method, ref=ref, config=config):
@@ -143,7 +143,7 @@ def test_normalize_advantages_matches_numpy(rows):
                     "centered_ratio": (adv - c * b) / std}
         for kind, want in expected.items():
             config = TrainConfig(**TINY, method=method, advantage_normalization=kind)
-            got = _normalize_advantages(config, mb, jnp.asarray(log_p))
+            got = normalize_advantages(config, mb, jnp.asarray(log_p))
             np.testing.assert_allclose(got, want, rtol=2e-4, atol=(2e-4 + 1e-5 * cond) * (1 + np.abs(want).max()),
                                        err_msg=(method, kind))
     # b ≡ 1 for a ratio against β: centred_ratio is standardize
@@ -152,9 +152,9 @@ def test_normalize_advantages_matches_numpy(rows):
           "behaviour_log_prob": jnp.asarray(log_b)}
     # b = exp(0) = 1 exactly, so c = Σ Â/n runs the same eager reduce_sum and division as mean Â: equal
     np.testing.assert_allclose(
-        _normalize_advantages(TrainConfig(**TINY, method="ppo_clip", advantage_normalization="centered_ratio"),
+        normalize_advantages(TrainConfig(**TINY, method="ppo_clip", advantage_normalization="centered_ratio"),
                               mb, jnp.asarray(log_p)),
-        _normalize_advantages(config, mb, jnp.asarray(log_p)), rtol=1e-5, atol=1e-5)
+        normalize_advantages(config, mb, jnp.asarray(log_p)), rtol=1e-5, atol=1e-5)
 
 
 # --------------------------------------------------------------------------- VACO's δ conventions

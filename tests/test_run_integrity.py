@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from fresh_rl.cli import main
-from fresh_rl.control.train import HyperParams, TrainConfig, init_state, train_iteration
+from fresh_rl.control import HyperParams, TrainConfig, init_state, train_iteration
 from fresh_rl.sweep import (CheckpointError, FolderLockedError, NonFiniteError, RunCheckpointer, nonfinite_cells,
                             output_lock, run_loop, seed_keys, split_run_key, tree_checksum)
 from fresh_rl.sweep.integrity import first_nonfinite_leaf, first_nonfinite_metric, tree_is_finite

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fresh_rl.control.train import TrainConfig, init_state, train, train_iteration
+from fresh_rl.control import TrainConfig, init_state, train, train_iteration
 from fresh_rl.lag import DelayConfig
 from fresh_rl.sweep import (CheckpointError, RunCheckpointer, RunIdentityError, product_grid, run_loop, seed_key,
                             seed_keys, split_run_key, step_key, step_keys)
@@ -30,7 +30,7 @@ KEY = jax.random.PRNGKey(3)
 _PRELUDE = textwrap.dedent("""
     import functools, json, os, sys, time
     import jax, jax.numpy as jnp, numpy as np
-    from fresh_rl.control.train import TrainConfig, HyperParams, init_state, train, train_iteration
+    from fresh_rl.control import TrainConfig, HyperParams, init_state, train, train_iteration
     from fresh_rl.lag import DelayConfig
     CONFIG = TrainConfig(env_name="CartPole-v1", num_envs=4, rollout_length=8, total_env_steps=4 * 8 * 6,
                          num_epochs=1, num_minibatches=2, hidden_sizes=(8,), method="vaco",

@@ -30,7 +30,7 @@ the current learner parameters θ after a batch's update, the next batch's θ_T)
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import chex
 import jax
@@ -38,11 +38,9 @@ import jax.numpy as jnp
 
 from fresh_rl.control import envs as envs_lib
 from fresh_rl.control import networks
+from fresh_rl.control.config import TrainConfig
 from fresh_rl.control.env_types import RunningStats, normalize
 from fresh_rl.validation import require_int
-
-if TYPE_CHECKING:  # annotation only: train.py imports this module
-    from fresh_rl.control.train import TrainConfig
 
 _EVAL_STREAM = 0x6576616C  # "eval": fold_in tag of the evaluation key stream
 
@@ -52,7 +50,7 @@ def evaluation_key(iteration_key: chex.PRNGKey) -> jax.Array:
     return jax.random.fold_in(iteration_key, _EVAL_STREAM)
 
 
-def evaluate(config: "TrainConfig", params: Any, obs_stats: Optional[RunningStats], key: chex.PRNGKey,
+def evaluate(config: TrainConfig, params: Any, obs_stats: Optional[RunningStats], key: chex.PRNGKey,
              num_episodes: int, deterministic: chex.Numeric) -> jax.Array:
     """Undiscounted returns ``[num_episodes]`` of ``params`` (protocol in the module docstring).
 
@@ -96,7 +94,7 @@ def evaluate(config: "TrainConfig", params: Any, obs_stats: Optional[RunningStat
     return jnp.where(finished, returns, env_state.episode_return)
 
 
-def evaluation_metrics(config: "TrainConfig", params: Any, obs_stats: Optional[RunningStats],
+def evaluation_metrics(config: TrainConfig, params: Any, obs_stats: Optional[RunningStats],
                        key: chex.PRNGKey) -> dict[str, jax.Array]:
     """``return_deterministic`` and ``return_stochastic``: means over ``config.eval_episodes``
     returns of :func:`evaluate`, both with ``key`` (one loop, vmapped over the mode)."""
@@ -104,3 +102,15 @@ def evaluation_metrics(config: "TrainConfig", params: Any, obs_stats: Optional[R
         jnp.array([True, False]))
     means = jnp.mean(returns, axis=-1)
     return {"return_deterministic": means[0], "return_stochastic": means[1]}
+
+
+def evaluate_learner(config: TrainConfig, params: Any, obs_stats: Optional[RunningStats], version: jax.Array,
+                     last_eval: dict, key: chex.PRNGKey) -> tuple[dict, dict]:
+    """The trainer's learner evaluation after the update that makes learner ``version``: when
+    it is a multiple of ``eval_every`` or the last one (``lax.cond``) evaluate ``params``, else
+    carry ``last_eval`` forward. Returns ``(last_eval, metrics)``: ``eval/return_deterministic``,
+    ``eval/return_stochastic`` and ``eval/valid`` (1 on the iterations that evaluated)."""
+    due = (version % config.eval_every == 0) | (version == config.num_iterations)
+    last_eval = jax.lax.cond(due, lambda: evaluation_metrics(config, params, obs_stats, key), lambda: last_eval)
+    metrics = {f"eval/{k}": v for k, v in last_eval.items()}
+    return last_eval, {**metrics, "eval/valid": due.astype(jnp.int32)}

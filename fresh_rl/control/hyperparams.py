@@ -25,10 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from fresh_rl.corrections.ewma import ewma_beta_from_staleness
+from fresh_rl.replay.methods import EXTRAS, HPARAM_DTYPES, REPLAY_OPTIMIZERS, ReplayHParams, replay_hparams
 from fresh_rl.validation import check_in_range, is_traced
 
-if TYPE_CHECKING:  # annotation only: train.py imports this module
-    from fresh_rl.control.train import TrainConfig
+if TYPE_CHECKING:  # annotation only
+    from fresh_rl.control.config import TrainConfig
 
 MAX_ALLOCATION_BYTES: int = 16 * 2**30
 """Largest :func:`allocation_estimate` total (bytes, all grid points together) that
@@ -67,6 +69,9 @@ def allocation_estimate(config: "TrainConfig", num_runs: int = 1) -> dict[str, i
         "total_env_steps": 2 * config.num_iterations * METRICS_PER_ITERATION * 4,
         "num_envs*rollout_length": 3 * config.batch_size * (2 * obs_size + action_size + 5) * 4,
     }
+    if config.data_source_spec.buffered:  # N·H rows of T steps: obs, next obs, action, 6 scalars
+        per_run["replay.buffer_iterations"] = (config.num_envs * config.replay.buffer_iterations
+                                               * config.rollout_length * (2 * obs_size + action_size + 6) * 4)
     return {name: num_runs * value for name, value in per_run.items()}
 
 
@@ -77,11 +82,19 @@ def _require_allocation(config: "TrainConfig", num_runs: int, max_bytes: int) ->
         return
     setting, largest = max(estimate.items(), key=lambda item: item[1])
     values = {"delay.ring_size": config.delay.ring_size, "total_env_steps": config.total_env_steps,
-              "num_envs*rollout_length": config.batch_size}
+              "num_envs*rollout_length": config.batch_size,
+              "replay.buffer_iterations": config.replay.buffer_iterations}
     raise ValueError(
         f"{setting} = {values[setting]} needs about {largest:,} bytes ({largest / 2**30:.1f} GiB) "
         f"for {num_runs} run(s); all estimated allocations: {total:,} bytes > the limit "
         f"{max_bytes:,} (fresh_rl.control.hyperparams.MAX_ALLOCATION_BYTES)")
+
+
+_REPLAY_LEAVES = {"replay_extra": "extra", "age_decay_tau": "age_decay_tau",
+                  "importance_exponent": "importance_exponent", "uniform_priority": "uniform_priority",
+                  "insert_at_max": "insert_at_max", "refresh_priorities": "refresh",
+                  "replay_optimizer": "replay_optimizer"}
+"""HyperParams leaf → :class:`~fresh_rl.replay.methods.ReplayHParams` field."""
 
 
 @struct.dataclass
@@ -97,6 +110,18 @@ class HyperParams:
       entropy_coef, value_coef: c_ent, c_v of ``L = L_π + c_v·½·MSE − c_ent·H``, in [0, ∞).
       kl_coef: PPO-KL's β (the initial β with ``kl_adaptive``), in [0, ∞) [``kl_coef``].
       gamma: discount γ of GAE and V-trace, in [0, 1] [``gamma``].
+      route: int32 index into ``config.routes_used`` of the old-log-prob route
+        [``route_used``]: unbatched it is a real branch (``lax.switch``), so a run pays only its
+        own route; batched, vmap evaluates every branch and selects, so all routes of a study
+        share one compiled program.
+      ewma_beta: β ∈ [0, 1] of the EWMA routes' θ_ref ← β θ_ref + (1 − β) θ
+        [``ewma_beta_rule`` at W = ``delay.ring_size`` − 1].
+      ewma_reset_threshold: the ``ewma`` route's auto-reset threshold on the MIS-active
+        fraction, in [0, 1] [``ewma_reset_threshold``].
+      replay_extra, age_decay_tau, importance_exponent, uniform_priority, insert_at_max,
+      refresh_priorities, replay_optimizer: the replay sources' traced settings, the leaves of
+        :class:`fresh_rl.replay.methods.ReplayHParams` (:attr:`replay`) [the data source's
+        replay method with ``replay.age_decay_tau`` and ``replay.importance_exponent``].
     """
 
     lag: jax.Array
@@ -106,6 +131,22 @@ class HyperParams:
     value_coef: jax.Array
     kl_coef: jax.Array
     gamma: jax.Array
+    route: jax.Array
+    ewma_beta: jax.Array
+    ewma_reset_threshold: jax.Array
+    replay_extra: jax.Array
+    age_decay_tau: jax.Array
+    importance_exponent: jax.Array
+    uniform_priority: jax.Array
+    insert_at_max: jax.Array
+    refresh_priorities: jax.Array
+    replay_optimizer: jax.Array
+
+    @property
+    def replay(self) -> ReplayHParams:
+        """The replay leaves as the :class:`~fresh_rl.replay.methods.ReplayHParams` the buffer
+        functions take."""
+        return ReplayHParams(**{field: getattr(self, leaf) for leaf, field in _REPLAY_LEAVES.items()})
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -114,15 +155,27 @@ class HyperParams:
 
     @staticmethod
     def dtype(name: str):
-        """``jnp.int32`` for ``lag``, ``jnp.float32`` for every other leaf."""
-        return jnp.int32 if name == "lag" else jnp.float32
+        """``jnp.int32`` for ``lag``, ``route`` and the replay indices, ``bool`` for the replay
+        flags, ``jnp.float32`` for every other leaf."""
+        if name in ("lag", "route"):
+            return jnp.int32
+        if name in _REPLAY_LEAVES:
+            return HPARAM_DTYPES[_REPLAY_LEAVES[name]]
+        return jnp.float32
 
     @classmethod
     def from_config(cls, config: "TrainConfig") -> "HyperParams":
         """Scalar leaves holding the config's values (the defaults)."""
+        source = config.data_source_spec
+        replay = replay_hparams(source.replay_method or "onpolicy", tau_fit=config.replay.age_decay_tau,
+                                importance_exponent=config.replay.importance_exponent)
         defaults = dict(lag=config.delay.lag, vaco_delta=config.vaco.delta,
                         learning_rate=config.learning_rate, entropy_coef=config.entropy_coef,
-                        value_coef=config.value_coef, kl_coef=config.kl_coef, gamma=config.gamma)
+                        value_coef=config.value_coef, kl_coef=config.kl_coef, gamma=config.gamma,
+                        route=config.routes_used.index(config.route_used),
+                        ewma_beta=ewma_beta_from_staleness(config.delay.ring_size - 1, config.ewma_beta_rule),
+                        ewma_reset_threshold=config.ewma_reset_threshold,
+                        **{leaf: replay[field] for leaf, field in _REPLAY_LEAVES.items()})
         return cls(**{n: jnp.asarray(v, cls.dtype(n)) for n, v in defaults.items()})
 
     @classmethod
@@ -162,6 +215,13 @@ class HyperParams:
             "value_coef": (0.0, math.inf, True, False),
             "kl_coef": (0.0, math.inf, True, False),
             "gamma": (0.0, 1.0, True, True),
+            "route": (0, len(config.routes_used) - 1, True, True),
+            "ewma_beta": (0.0, 1.0, True, True),
+            "ewma_reset_threshold": (0.0, 1.0, True, True),
+            "replay_extra": (0, len(EXTRAS) - 1, True, True),
+            "age_decay_tau": (0.0, math.inf, False, True),
+            "importance_exponent": (0.0, 1.0, True, True),
+            "replay_optimizer": (0, len(REPLAY_OPTIMIZERS) - 1, True, True),
         }
         num_runs = 1
         for name, (low, high, low_in, high_in) in ranges.items():

@@ -5,17 +5,23 @@ are cut, which log-probability the ratio is taken against, the default advantage
 normalisation and the policy loss. :func:`fresh_rl.control.train.train` reads only these
 fields, so a new method is one :func:`register_method` call.
 
-**Reference policies (our choices).**
-  * ppo_clip / ppo_kl / spo: ratio ``π_θ/β`` with the stored behaviour log-prob, what a naive
-    asynchronous PPO does (VACO, arXiv 2603.01365; docs/vaco.md, "behaviour" reference); at lag 0 β = π_T.
-  * vaco / vaco_tv / vaco_l1 / vaco_filter_only: ``VACOConfig.reference`` (default π_T, forward
-    lag only). ``vaco_tv`` and ``vaco_l1`` fix the δ convention (filter when D̂ > δ, resp.
+**Reference policies.** The ratio's reference is the run's old-log-prob route
+(:mod:`fresh_rl.corrections.routes`, ``TrainConfig.route``); ``Method.default_route`` is the
+route a method runs with when the config names none (our choices):
+  * ppo_clip / ppo_kl / spo: ``behaviour``, ratio ``π_θ/β`` with the stored behaviour log-prob,
+    what a naive asynchronous PPO does (VACO, arXiv 2603.01365; docs/vaco.md); at lag 0 β = π_T.
+  * vaco / vaco_tv / vaco_l1 / vaco_filter_only: ``recompute_current``, π_T (forward lag only),
+    passed to the loss as its π_T (``VACOConfig.reference="behaviour"`` still picks β).
+    ``vaco_tv`` and ``vaco_l1`` fix the δ convention (filter when D̂ > δ, resp.
     mean|r − 1| > δ); ``vaco`` reads ``VACOConfig.threshold_convention`` (default ``"tv"``, so
     ``vaco`` ≡ ``vaco_tv``; kept for saved results).
   * vaco_align_only: VACO's loss with the TV filter off (δ = ∞): unclipped ``−mean r Â`` with
     r = π_θ/π_T and realigned Â, the literal ablation with no trust region at all.
   * vaco_filter_only: GAE advantages on V_T (no importance correction), VACO's filtered loss.
-  * impala: minibatches are whole env rows; V-trace (log ρ = log π_θ − log β, detached) and
+  * decoupled_ppo: ``snapshot`` (exact old log-probs); the decoupled loss of arXiv 2605.12070:
+    MIS keep-mask on r_d = π_old/β (+ optional TIS weight), PPO clip on r_s = π_θ/π_old
+    (:func:`fresh_rl.corrections.decoupled_ppo_loss`; ``TrainConfig.decoupled_mis``, ``tis_cap``).
+  * impala: ``behaviour``; minibatches are whole env rows; V-trace (log ρ = log π_θ − log β, detached) and
     V_θ are recomputed with the current parameters at every step, one pass over each batch
     (IMPALA, arXiv 1802.01561 §4: every sample is used by one SGD step).
 
@@ -52,11 +58,12 @@ import jax
 import jax.numpy as jnp
 
 from fresh_rl.control.hyperparams import HyperParams
-from fresh_rl.corrections import impala_policy_gradient_loss, ppo_clip_loss, ppo_kl_loss, spo_loss, vaco_policy_loss
+from fresh_rl.corrections import (decoupled_ppo_loss, impala_policy_gradient_loss, ppo_clip_loss, ppo_kl_loss,
+                                  spo_loss, vaco_policy_loss)
+from fresh_rl.corrections.routes import ROUTES
 from fresh_rl.validation import register_entry, require_choice, require_int
 
 ADVANTAGE_SOURCES: tuple[str, ...] = ("gae", "vtrace", "vtrace_per_step")
-REFERENCES: tuple[str, ...] = ("behaviour", "learner_start")
 ADVANTAGE_NORMALIZATIONS: tuple[str, ...] = ("standardize", "scale", "none", "centered_ratio")
 MINIBATCH_LAYOUTS: tuple[str, ...] = ("samples", "env_rows")
 LOSS_FORMS: tuple[str, ...] = ("ratio", "log_prob")
@@ -76,7 +83,7 @@ class Method:
       name: the ``TrainConfig.method`` string.
       policy_loss: ``policy_loss(logp, mb, hparams, config) -> (loss, metrics)``. ``logp`` =
         log π_θ(a|s) of the minibatch ``mb``, a dict of equally shaped arrays with
-        ``advantage`` (normalised), ``reference_log_prob`` (see ``reference``),
+        ``advantage`` (normalised), ``reference_log_prob`` (the route's old log-probs),
         ``behaviour_log_prob`` (log β) and ``learner_log_prob`` (log π_T); ``hparams`` is the
         :class:`~fresh_rl.control.hyperparams.HyperParams` with ``kl_coef`` = the current β;
         ``config`` the static ``TrainConfig``. A loss reporting a ``kl_penalty`` metric gets
@@ -85,13 +92,13 @@ class Method:
         log ρ = log π_T − log β on V_T, frozen per batch (form: ``config.vaco_advantage``);
         ``"vtrace_per_step"`` — V-trace with log ρ = log π_θ − log β and V_θ recomputed for
         every minibatch (needs ``minibatch_layout="env_rows"``).
-      reference: ``"behaviour"`` (β) or ``"learner_start"`` (π_T): what ``reference_log_prob``
-        holds.
+      default_route: the old-log-prob route (:data:`fresh_rl.corrections.routes.ROUTES`) that
+        fills ``reference_log_prob`` when ``TrainConfig.route`` is ``None``.
       default_normalization: advantage normalisation when ``config.advantage_normalization``
         is ``None``: one of :data:`ADVANTAGE_NORMALIZATIONS` (see the module docstring).
       loss_form: how ``policy_loss`` depends on log π_θ, which sets the unbiased centring weight
         of ``"centered_ratio"`` (:func:`centring_weight`): ``"ratio"`` — a function of
-        r·Â with r = π_θ/π_ref (π_ref per ``reference``); ``"log_prob"`` — −Â·log π_θ.
+        r·Â with r = π_θ/π_ref (π_ref = the route's old log-probs); ``"log_prob"`` — −Â·log π_θ.
       passes_per_batch: the method's passes (epochs) over each batch, one pass =
         ``num_minibatches`` SGD steps; ``None`` = ``config.num_epochs``. Overridden by
         ``config.passes_per_batch``.
@@ -110,7 +117,7 @@ class Method:
     name: str
     policy_loss: PolicyLoss
     advantages: str = "gae"
-    reference: str = "behaviour"
+    default_route: str = "behaviour"
     default_normalization: str = "standardize"
     minibatch_layout: str = "samples"
     loss_hyperparams: tuple[str, ...] = ()
@@ -125,7 +132,7 @@ class Method:
         if not callable(self.policy_loss):
             raise ValueError(f"Method.policy_loss must be callable, got {self.policy_loss!r}")
         require_choice("Method.advantages", self.advantages, ADVANTAGE_SOURCES)
-        require_choice("Method.reference", self.reference, REFERENCES)
+        require_choice("Method.default_route", self.default_route, tuple(ROUTES))
         require_choice("Method.default_normalization", self.default_normalization, ADVANTAGE_NORMALIZATIONS)
         require_choice("Method.minibatch_layout", self.minibatch_layout, MINIBATCH_LAYOUTS)
         require_choice("Method.loss_form", self.loss_form, LOSS_FORMS)
@@ -178,8 +185,14 @@ def _vaco_config(config):
     return config.vaco if fixed is None else dataclasses.replace(config.vaco, threshold_convention=fixed)
 
 
+def _decoupled_ppo(logp, mb, hparams, config):
+    loss, metrics = decoupled_ppo_loss(logp[None], mb["reference_log_prob"][None], mb["behaviour_log_prob"][None],
+                                       mb["advantage"][None], config=config.decoupled_config)
+    return loss, {name: metrics[name] for name in ("active_token_fraction", "clip_fraction")}
+
+
 def _vaco(logp, mb, hparams, config, delta=None):
-    return vaco_policy_loss(logp, mb["learner_log_prob"], mb["behaviour_log_prob"], mb["advantage"],
+    return vaco_policy_loss(logp, mb["reference_log_prob"], mb["behaviour_log_prob"], mb["advantage"],
                             config=_vaco_config(config), delta=hparams.vaco_delta if delta is None else delta)
 
 
@@ -194,15 +207,16 @@ def centring_weight(method: Method, log_prob: jax.Array, reference_log_prob: jax
     w = π_θ/π_ref, so b = π_ref/β (``exp(reference_log_prob − behaviour_log_prob)``; 1 when the
     reference is β); for ``"log_prob"`` w = 1, so b = π_θ/β = ``exp(log_prob − behaviour_log_prob)``.
     Then E_β[b·w·∇log π_θ] = Σ_a ∇π_θ(a) = 0, so subtracting c·b from Â adds no bias.
-    π_ref is ``Method.reference``: a VACO run with ``VACOConfig.reference="behaviour"`` (ratio
-    against β, so b should be 1) still gets b = π_T/β here.
+    π_ref is the route's old log-prob: a VACO run with ``VACOConfig.reference="behaviour"``
+    (ratio against β, so b should be 1) still gets b = π_ref/β here.
     """
     chex.assert_equal_shape([log_prob, reference_log_prob, behaviour_log_prob])
     numerator = log_prob if method.loss_form == "log_prob" else reference_log_prob
     return jnp.exp(jax.lax.stop_gradient(numerator - behaviour_log_prob))
 
 
-_VACO = dict(advantages="vtrace", reference="learner_start", default_normalization="scale", loss_config=("vaco",))
+_VACO = dict(advantages="vtrace", default_route="recompute_current", default_normalization="scale",
+             loss_config=("vaco",))
 
 for _method in (
     Method("ppo_clip", _ppo_clip, loss_config=("ppo_clip",)),
@@ -214,21 +228,23 @@ for _method in (
     Method("vaco_tv", _vaco, **_VACO, loss_hyperparams=("vaco_delta",), threshold_convention="tv"),
     Method("vaco_l1", _vaco, **_VACO, loss_hyperparams=("vaco_delta",), threshold_convention="l1"),
     Method("vaco_align_only", _vaco_unfiltered, **_VACO),
-    Method("vaco_filter_only", _vaco, reference="learner_start", default_normalization="scale",
+    Method("vaco_filter_only", _vaco, default_route="recompute_current", default_normalization="scale",
            loss_hyperparams=("vaco_delta",), loss_config=("vaco",)),
+    Method("decoupled_ppo", _decoupled_ppo, default_route="snapshot",
+           loss_config=("ppo_clip", "decoupled_mis", "tis_cap")),
 ):
     register_method(_method)
 
 _ADVANTAGE_NAMES = {"gae": "GAE(λ) on V_T, per batch", "vtrace": "V-trace on V_T (π_T/β), per batch",
                     "vtrace_per_step": "V-trace on V_θ (π_θ/β), every step"}
-_REFERENCE_NAMES = {"behaviour": "β", "learner_start": "π_T"}
-METHOD_TABLE_COLUMNS: tuple[str, ...] = ("method", "advantages", "reference", "loss form", "normalisation",
+METHOD_TABLE_COLUMNS: tuple[str, ...] = ("method", "advantages", "default route", "loss form", "normalisation",
                                          "passes per batch", "minibatch layout", "loss hyperparameters")
 
 
 def method_table() -> list[dict[str, str]]:
     """One row per registered method (columns :data:`METHOD_TABLE_COLUMNS`, values as text):
-    advantage source, ratio reference, loss form, default normalisation, passes per batch
+    advantage source, default old-log-prob route (the ratio's reference), loss form, default
+    normalisation, passes per batch
     (``num_epochs`` when the method has no default), minibatch layout and the loss's
     hyperparameters: traced HyperParams leaves ("traced …"), static TrainConfig fields
     ("config …") and a fixed δ convention."""
@@ -239,7 +255,7 @@ def method_table() -> list[dict[str, str]]:
         if m.threshold_convention is not None:
             loss_hp.append(f"δ convention {m.threshold_convention}")
         rows.append(dict(zip(METHOD_TABLE_COLUMNS, (
-            m.name, _ADVANTAGE_NAMES[m.advantages], _REFERENCE_NAMES[m.reference],
+            m.name, _ADVANTAGE_NAMES[m.advantages], f"`{m.default_route}`",
             "−Â·log π_θ" if m.loss_form == "log_prob" else "ratio r·Â", m.default_normalization,
             "num_epochs" if m.passes_per_batch is None else str(m.passes_per_batch),
             m.minibatch_layout, "; ".join(loss_hp) or "—"))))

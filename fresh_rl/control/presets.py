@@ -30,7 +30,8 @@ import numpy as np
 from fresh_rl.compilation_cache import CompileMeter
 
 from fresh_rl.control.hyperparams import MAX_ALLOCATION_BYTES, HyperParams
-from fresh_rl.control.train import TrainConfig, train
+from fresh_rl.control.config import TrainConfig
+from fresh_rl.control.train import train
 from fresh_rl.corrections import AdaptiveKLConfig
 from fresh_rl.lag import DelayConfig
 from fresh_rl.sweep import Grid, nonfinite_cells, product_grid, run_sharded, to_host
