@@ -149,7 +149,7 @@ def test_bf16_snapshot_logprobs_stay_within_the_stated_tolerance(params, batch):
 def test_route_costs_follow_the_storage_dtype(params):
     one = routes.param_bytes(params)
     for route, copies in (("snapshot", 5), ("ewma", 1), ("old_logit_model", 1),
-                          ("recompute_current", 0)):
+                          ("recompute_current", 0), ("behaviour", 0)):
         costs = {dtype: ap.route_costs(ap.AsyncConfig(staleness_window=4, old_logit_route=route,
                                                       stored_params_dtype=dtype), params)
                  for dtype in ("float32", "bfloat16")}

@@ -93,6 +93,11 @@ def _adam_direction(mu: np.ndarray, nu: np.ndarray, count: int) -> np.ndarray:
     (dict(num_groups=4, prompt_pool=3), "RLConfig.prompt_pool"),
     (dict(prompt_pool=-1), "RLConfig.prompt_pool"),
     (dict(logprob_chunk_tokens=0), "RLConfig.logprob_chunk_tokens"),
+    (dict(vaco_rho_bar=0.0), r"RLConfig.vaco_rho_bar must be in \(0"),
+    (dict(vaco="tv"), "RLConfig.vaco must be a VACOConfig"),
+    # VACO's D̂ is a statistic of the whole minibatch: its token sums do not add up over rows
+    (dict(loss="vaco", grad_accumulation_steps=2), "RLConfig.grad_accumulation_steps must be 1 "
+                                                   "with RLConfig.loss='vaco'"),
 ])
 def test_config_validation_names_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):

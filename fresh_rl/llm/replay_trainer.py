@@ -73,7 +73,7 @@ from fresh_rl.llm.model import Qwen2Config
 from fresh_rl.llm.policy_losses import check_route
 from fresh_rl.llm.sampler import token_logprobs_and_entropy
 from fresh_rl.llm.trainer import (Batch, RLConfig, cached_build, compute_advantages,
-                                  loop_keys, stack_rows, update)
+                                  loop_keys, owned_copy, stack_rows, update)
 from fresh_rl.replay import ReplayConfig, ReplayState, make_trajectory_buffer
 from fresh_rl.sweep.loop import run_loop
 from fresh_rl.validation import require_choice, require_in_range, require_int
@@ -236,6 +236,9 @@ def init_state(config: RLConfig, async_config: ap.AsyncConfig, replay_config: LL
                             kl_per_version=jnp.zeros((), jnp.float32))
     state = with_age_decay_tau(state, replay_config, config.batch_size,
                                pipeline.hparams.age_decay_tau)  # the state's own copy
+    # the buffer's eager rebase leaves t_ref and the latest version in one buffer; the donating
+    # iteration needs one buffer per leaf (fresh_rl.llm.trainer.owned_copy)
+    state = state.replace(replay=owned_copy(state.replay))
     leaf = jax.tree_util.tree_leaves(params)[0]
     return jax.device_put(state, getattr(leaf, "sharding", None) or jax.devices()[0])
 
