@@ -19,9 +19,10 @@ pipelines' loss × route check (:func:`check_route`) read only the registry.
   reference; the synchronous trainer's fp32 forward at batch start is π_T too), or π_infer
   with ``RLConfig.vaco.reference = "behaviour"``.
 
-**VACO without a critic (our choice).** The paper pairs VACO with GRPO on GSM8K but does not
-say how the V-trace realignment runs without a value function (../shared/papers/vaco.md §5,
-"[unknown]": skipped, or a re-weighting by the truncated π_T/β). Our default is the V-trace
+**VACO without a critic (our choice).** arXiv 2603.01365 pairs VACO with GRPO on GSM8K, whose
+group-normalised advantages have no critic, and does not say how its V-trace realignment runs
+without a value function (skipped, or a re-weighting by the truncated π_T/β; unknown to us).
+Our default is the V-trace
 realignment itself (IMPALA, arXiv 1802.01561, §4.1, Eq. 1 and its policy-gradient advantage
 of §4.2) with V ≡ 0 and no bootstrapping between tokens (γ = 0): each action token's
 group-normalised advantage Â_t is its one-step return, so the IMPALA advantage

@@ -343,7 +343,7 @@ def compute_advantages(config: RLConfig, returns, action_mask):
 def prepare_batch(params, episodes: Episodes, *, config: RLConfig,
                   model_config: Qwen2Config, old_logprobs=None, proxy_alpha=None) -> Batch:
     """The advantages of ``episodes`` and their old log-probs: ``old_logprobs`` if given (an
-    old-logit route of :mod:`fresh_rl.llm.old_logits`), else the fp32 forward of ``params``."""
+    old-log-prob route of :mod:`fresh_rl.corrections.routes`), else the fp32 forward of ``params``."""
     if old_logprobs is None:
         old_logprobs, _ = token_logprobs_and_entropy(
             params, model_config, episodes.tokens, episodes.mask, temperature=config.temperature,
