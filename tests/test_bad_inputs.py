@@ -527,7 +527,7 @@ def test_valid_edge_values_still_parse():
 
 @pytest.mark.parametrize("module, register, table, kind", [
     ("fresh_rl.control.methods", "register_method", "METHODS", "method"),
-    ("fresh_rl.control.old_logits_train", "register_route", "ROUTES", "control old-logit route"),
+    ("fresh_rl.control.data_sources", "register_data_source", "DATA_SOURCES", "data source"),
     ("fresh_rl.corrections.routes", "register_route", "ROUTES", "old-log-prob route"),
     ("fresh_rl.llm.policy_losses", "register_loss", "LOSSES", "LLM policy loss"),
 ])
