@@ -37,7 +37,7 @@ INDEX = REPOSITORY_ROOT / "results" / "VERDICTS.md"
 STAMP = "Stamped at commit "
 """Start of the index's one line that names the commit of the code that wrote it."""
 STUDY_ORDER = ("vaco", "freshper_bandit", "freshper_control", "old_logits_control", "old_logits_bpe",
-               "llm_rl_gain")
+               "llm_rl_gain", "compose")
 
 
 def _rows(path: Path) -> list[dict]:
@@ -298,7 +298,37 @@ def llm_rl_gain_reader(root: Path):
     return series, measure
 
 
-READERS: dict[str, Callable] = {"vaco": vaco_reader, "freshper_bandit": freshper_bandit_reader,
+# ---------------------------------------------------------------------------- composition --
+
+def compose_reader(root: Path):
+    """results/compose/runs.json: per arm and seed the final learner return and the gate
+    measurements (batch-start TV, EWMA reset rate, replayed ESS/n), one cell (the task)."""
+    path = root / "results" / "compose" / "runs.json"
+    data = json.loads(path.read_text()) if path.exists() else {"arms": {}, "task": None}
+
+    def per_seed(arm, key):
+        record = data["arms"].get(arm)
+        if record is None or key not in record:
+            return None
+        return dict(zip(record["seeds"], record[key]))
+
+    def series(arm, claim, cell):
+        if claim["metric"] != "final_eval_return":
+            raise ValueError(f"compose: unknown metric {claim['metric']!r}")
+        return per_seed(arm, "final_eval_return") if cell["task"] == data["task"] else None
+
+    def measure(gate, cell):
+        arms = {"lag_tv_ppo_clip": ("ppo_clip", "lag_tv"), "replayed_ess_freshper": ("freshper", "replayed_ess"),
+                "ewma_reset_rate_composed": ("composed", "ewma_reset_rate")}
+        if gate["measure"] not in arms:
+            raise ValueError(f"compose: unknown gate {gate['measure']!r}")
+        values = per_seed(*arms[gate["measure"]])
+        return math.nan if values is None or cell["task"] != data["task"] else float(np.mean(list(values.values())))
+
+    return series, measure
+
+
+READERS: dict[str, Callable] = {"compose": compose_reader, "vaco": vaco_reader, "freshper_bandit": freshper_bandit_reader,
                                 "freshper_control": freshper_control_reader,
                                 "old_logits_control": old_logits_control_reader,
                                 "old_logits_bpe": old_logits_bpe_reader, "llm_rl_gain": llm_rl_gain_reader}
@@ -400,7 +430,7 @@ def render(decided: list[tuple[dict, list[dict]]], data_commits: Mapping[str, st
               "| study | claim | README said | now | why |", "|---|---|---|---|---|"]
     for study, results in decided:
         for r in results:
-            if r["verdict"] != r["claim"]["previous_verdict"]:
+            if r["claim"]["previous_verdict"] not in (r["verdict"], "none"):
                 lines.append(f"| {study['study']} | `{r['claim']['id']}` | {r['claim']['previous_verdict']} | "
                              f"**{r['verdict']}** | {_why(study, r)} |")
     for study, results in decided:
@@ -434,7 +464,8 @@ def render(decided: list[tuple[dict, list[dict]]], data_commits: Mapping[str, st
                              f"{t['at_lag']} on seeds {', '.join(map(str, t['select_seeds']))} (best seed-mean score) "
                              "and scored on the other seeds only.")
             lines += _gate_lines(r)
-            lines.append(f"- README before: {claim['previous']} (**{claim['previous_verdict']}**).")
+            lines.append(f"- README before: {claim['previous']}" + (
+                "." if claim["previous_verdict"] == "none" else f" (**{claim['previous_verdict']}**)."))
             if r["verdict"] != VERDICTS[3]:
                 lines += ["", "| cell | a − b [95%] | p | p (Holm) | cell at Holm 5% |", "|---|---|---|---|---|"]
                 lines += [f"| {cell_label(cell)} | {_interval(c['difference'], c['low'], c['high'], digits)} | "

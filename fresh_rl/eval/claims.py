@@ -31,8 +31,9 @@ from fresh_rl.eval.statistics import VERDICTS, pooled_claim
 DIRECTIONS = {"a > b": True, "a < b": False}
 """direction → whether the claim is a positive difference a − b."""
 OPS = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
-PREVIOUS_VERDICTS = VERDICTS + ("mixed",)
-"""Words a README used before: the four verdicts, and "mixed" (cells decided both ways)."""
+PREVIOUS_VERDICTS = VERDICTS + ("mixed", "none")
+"""Words a README used before: the four verdicts, "mixed" (cells decided both ways) and "none"
+(a claim of a study declared before its first run: nothing was decided before)."""
 _STUDY_KEYS = ("study", "title", "paper", "readme", "data", "declared", "previous_rule", "min_seeds", "claims")
 _CLAIM_KEYS = ("id", "statement", "section", "metric", "a", "b", "direction", "cells", "previous",
                "previous_verdict")
