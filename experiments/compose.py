@@ -1,6 +1,7 @@
 """The three papers composed in one control run: VACO + age-decayed replay + EWMA old log-probs.
 
-  python experiments/compose.py --scale cpu --out results/compose     # ~1 h on 2 CPU cores
+  python experiments/compose.py --scale cpu --out results/compose     # ~10 min on 2 CPU cores
+  python experiments/compose.py --scale cpu_acrobot --out results/compose_acrobot
   python experiments/compose.py --scale ci --out /tmp/compose         # the tests' smoke scale
 
 Each arm is one (method, data source, old-log-prob route) triple of the one control trainer
@@ -63,10 +64,10 @@ class Scale:
     drift_every: int
 
 
-def _base(total_env_steps: int, num_envs: int, rollout_length: int, eval_every: int, eval_episodes: int,
+def _base(env_name: str, total_env_steps: int, num_envs: int, rollout_length: int, eval_every: int, eval_episodes: int,
           buffer_iterations: int) -> TrainConfig:
     return TrainConfig(
-        env_name="CartPole-v1", num_envs=num_envs, rollout_length=rollout_length, num_epochs=4, num_minibatches=4,
+        env_name=env_name, num_envs=num_envs, rollout_length=rollout_length, num_epochs=4, num_minibatches=4,
         learning_rate=1e-3, normalize_obs=True, hidden_sizes=(64, 64), total_env_steps=total_env_steps,
         eval_every=eval_every, eval_episodes=eval_episodes,
         delay=DelayConfig.geometric(mean_lag=8.0, ring_size=33), num_actor_groups=4,
@@ -75,8 +76,9 @@ def _base(total_env_steps: int, num_envs: int, rollout_length: int, eval_every: 
 
 
 SCALES = {
-    "ci": Scale(_base(8 * 16 * 6, 8, 16, 3, 2, 4), num_seeds=2, drift_every=3),
-    "cpu": Scale(_base(16 * 64 * 98, 16, 64, 7, 16, 16), num_seeds=10, drift_every=14),
+    "ci": Scale(_base("CartPole-v1", 8 * 16 * 6, 8, 16, 3, 2, 4), num_seeds=2, drift_every=3),
+    "cpu": Scale(_base("CartPole-v1", 16 * 64 * 98, 16, 64, 7, 16, 16), num_seeds=10, drift_every=14),
+    "cpu_acrobot": Scale(_base("Acrobot-v1", 16 * 64 * 98, 16, 64, 7, 16, 16), num_seeds=10, drift_every=14),
 }
 
 
@@ -109,7 +111,7 @@ def run_arm(config: TrainConfig, seeds: list[int]) -> dict[str, np.ndarray]:
     return result
 
 
-def _figure(runs: dict, out: Path) -> None:
+def _figure(runs: dict, out: Path, task: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -123,7 +125,7 @@ def _figure(runs: dict, out: Path) -> None:
         ax.fill_between(x, low, high, alpha=0.15)
     ax.set_xlabel("learner version (iteration)")
     ax.set_ylabel("learner return, deterministic evaluation")
-    ax.set_title("CartPole-v1 under lag (geometric, mean 8): mean and 95% Student-t band over seeds")
+    ax.set_title(f"{task} under lag (geometric, mean 8): mean and 95% Student-t band over seeds", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     write_atomic(out / "learning_curves.png", lambda f: fig.savefig(f, format="png", dpi=110), binary=True)
@@ -155,19 +157,20 @@ def run(scale_name: str, out: Path, seed: int, fresh: bool) -> str:
                    **ARMS[arm]} for arm, r in runs.items()}
     write_atomic(out / "runs.json", json.dumps({"scale": scale_name, "task": scale.base.env_name, "arms": table,
                                                 "provenance": info}, indent=1) + "\n")
-    _figure(runs, out)
-    readme = _readme(scale_name, table, info)
+    _figure(runs, out, scale.base.env_name)
+    readme = _readme(scale_name, scale.base.env_name, table, info)
     write_atomic(out / "README.md", readme)
     return readme
 
 
-def _readme(scale_name: str, table: dict, info: dict) -> str:
-    lines = ["# The three papers composed (control)", "",
+def _readme(scale_name: str, task: str, table: dict, info: dict) -> str:
+    study = "compose" if task == "CartPole-v1" else "compose_acrobot"
+    lines = [f"# The three papers composed (control, {task})", "",
              "VACO's realign + TV filter, the age-decayed (FreshPER) replay buffer and the EWMA old-log-prob "
              "route in one run of the one control trainer, against each part alone and plain PPO-clip, on "
-             "CartPole-v1 with lagged actors (geometric delay, mean 8 versions, 4 actor groups). Arms, settings "
+             f"{task} with lagged actors (geometric delay, mean 8 versions, 4 actor groups). Arms, settings "
              "and why: `experiments/compose.py`; claims declared before the runs: "
-             "`experiments/claims/compose.toml`; verdicts: [results/VERDICTS.md](../VERDICTS.md#compose).", "",
+             f"`experiments/claims/{study}.toml`; verdicts: [results/VERDICTS.md](../VERDICTS.md#{study}).", "",
              f"Scale `{scale_name}`. {provenance_line(info)}", "",
              "| arm | method | data source | route | final return, mean [95% t] | batch-start TV(π_T, β) | "
              "EWMA resets / iteration | replayed ESS/n |", "|---|---|---|---|---|---|---|---|"]

@@ -37,7 +37,7 @@ INDEX = REPOSITORY_ROOT / "results" / "VERDICTS.md"
 STAMP = "Stamped at commit "
 """Start of the index's one line that names the commit of the code that wrote it."""
 STUDY_ORDER = ("vaco", "freshper_bandit", "freshper_control", "old_logits_control", "old_logits_bpe",
-               "llm_rl_gain", "compose")
+               "llm_rl_gain", "compose", "compose_acrobot")
 
 
 def _rows(path: Path) -> list[dict]:
@@ -300,10 +300,10 @@ def llm_rl_gain_reader(root: Path):
 
 # ---------------------------------------------------------------------------- composition --
 
-def compose_reader(root: Path):
-    """results/compose/runs.json: per arm and seed the final learner return and the gate
+def compose_reader(root: Path, folder: str = "compose"):
+    """results/<folder>/runs.json: per arm and seed the final learner return and the gate
     measurements (batch-start TV, EWMA reset rate, replayed ESS/n), one cell (the task)."""
-    path = root / "results" / "compose" / "runs.json"
+    path = root / "results" / folder / "runs.json"
     data = json.loads(path.read_text()) if path.exists() else {"arms": {}, "task": None}
 
     def per_seed(arm, key):
@@ -328,7 +328,8 @@ def compose_reader(root: Path):
     return series, measure
 
 
-READERS: dict[str, Callable] = {"compose": compose_reader, "vaco": vaco_reader, "freshper_bandit": freshper_bandit_reader,
+READERS: dict[str, Callable] = {"compose": compose_reader,
+                                "compose_acrobot": lambda root: compose_reader(root, "compose_acrobot"), "vaco": vaco_reader, "freshper_bandit": freshper_bandit_reader,
                                 "freshper_control": freshper_control_reader,
                                 "old_logits_control": old_logits_control_reader,
                                 "old_logits_bpe": old_logits_bpe_reader, "llm_rl_gain": llm_rl_gain_reader}
