@@ -17,7 +17,10 @@ pipelines' loss × route check (:func:`check_route`) read only the registry.
   in ``RLConfig.vaco``). The ratio's reference π_ref is the batch's old log-probs: the
   route's (``recompute_current`` gives π_T, the learner at batch start, VACO's own
   reference; the synchronous trainer's fp32 forward at batch start is π_T too), or π_infer
-  with ``RLConfig.vaco.reference = "behaviour"``.
+  with ``RLConfig.vaco.reference = "behaviour"``. With an exact route (``snapshot``, …) π_ref
+  is the acting version's training policy π_train^(v): the realignment then corrects only the
+  train–inference discrepancy r_d and the filter sees backward plus forward lag; with ``ewma``
+  π_ref is π_{θ_ref}, between the two.
 
 **VACO without a critic (our choice).** arXiv 2603.01365 pairs VACO with GRPO on GSM8K, whose
 group-normalised advantages have no critic, and does not say how its V-trace realignment runs
