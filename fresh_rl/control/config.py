@@ -401,3 +401,19 @@ def combination_error(method: Method, source: DataSource, route: OldLogProbRoute
         return (f"method {method.name!r} cannot use route {route.name!r}: its loss −Â·log π_θ has no "
                 f"ratio for the {route.proximal} proxy to stand in for")
     return ""
+
+
+def combination_table_markdown() -> str:
+    """Which routes each (method, data source) pair accepts, as a Markdown table (docs/control.md):
+    ``all`` or ``all but …`` per cell, ``—`` where none runs; the reasons are
+    :func:`combination_error`'s."""
+    sources = DATA_SOURCES
+    lines = ["| method | " + " | ".join(f"`{s}`" for s in sources) + " |", "|---|" + "---|" * len(sources)]
+    for method in METHODS.values():
+        cells = []
+        for source in sources.values():
+            refused = [r for r in ROUTES.values() if combination_error(method, source, r)]
+            cells.append("all" if not refused else "—" if len(refused) == len(ROUTES)
+                         else "all but " + ", ".join(f"`{r.name}`" for r in refused))
+        lines.append(f"| `{method.name}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

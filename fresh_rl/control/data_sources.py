@@ -134,5 +134,15 @@ for _source in (
     register_data_source(_source)
 del _source
 
+def data_source_table_markdown() -> str:
+    """One row per registered data source (docs/control.md): name, buffer, default replay method,
+    description."""
+    lines = ["| data source | buffer | replay method (defaults of the traced leaves) | what the updates see |",
+             "|---|---|---|---|"]
+    lines += [f"| `{s.name}` | {'yes' if s.buffered else 'no'} | {f'`{s.replay_method}`' if s.buffered else '—'} | "
+              f"{s.description} |" for s in DATA_SOURCES.values()]
+    return "\n".join(lines)
+
+
 __all__ = ["DATA_SOURCES", "DEFAULT_AGE_DECAY_TAU", "DataSource", "PRIORITY_SOURCES", "ReplaySettings",
-           "WEIGHT_NORMALIZATIONS", "register_data_source"]
+           "WEIGHT_NORMALIZATIONS", "data_source_table_markdown", "register_data_source"]
