@@ -25,9 +25,8 @@ pipelines' loss × route check (:func:`check_route`) read only the registry.
 **VACO without a critic (our choice).** arXiv 2603.01365 pairs VACO with GRPO on GSM8K, whose
 group-normalised advantages have no critic, and does not say how its V-trace realignment runs
 without a value function (skipped, or a re-weighting by the truncated π_T/β; unknown to us).
-Our default is the V-trace
-realignment itself (IMPALA, arXiv 1802.01561, §4.1, Eq. 1 and its policy-gradient advantage
-of §4.2) with V ≡ 0 and no bootstrapping between tokens (γ = 0): each action token's
+Our default is the V-trace realignment itself (IMPALA, arXiv 1802.01561, §4.1, Eq. 1 and its
+policy-gradient advantage of §4.2) with V ≡ 0 and no bootstrapping between tokens (γ = 0): each action token's
 group-normalised advantage Â_t is its one-step return, so the IMPALA advantage
 ρ_t·(r_t + γ v_{t+1} − V(s_t)) becomes
 
