@@ -1,6 +1,8 @@
 """FreshPER in control: actor-critic with trajectory replay, every method under matched controls.
 
-The trainer (:mod:`fresh_rl.control.replay_train`) rolls out with the current policy, makes one
+The trainer (:func:`fresh_rl.control.train.train` with the data source ``replay_freshper``,
+method ``ppo_clip``, one epoch of one minibatch, actors at lag 0; every replay method a row of
+the traced replay leaves of its ``HyperParams``) rolls out with the current policy, makes one
 full-batch update on the fresh data, stores each env's T-step row with its behaviour
 log-probs, then makes K extra updates chosen by the method (:mod:`fresh_rl.replay.methods`,
 the registry of the exact bandit bed): none (on-policy), K epochs on the fresh batch (matched
@@ -51,10 +53,14 @@ import shutil
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
+import optax
 
-from fresh_rl.control import replay_train
-from fresh_rl.control.train import TrainConfig
+from fresh_rl.control.config import TrainConfig
+from fresh_rl.control.data_sources import ReplaySettings
+from fresh_rl.control.hyperparams import replay_grid
+from fresh_rl.control.train import train
 from fresh_rl.eval import holm_over_cells, paired_claim, seed_interval
 from fresh_rl.lag import fit_ess_time_constant
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
@@ -81,19 +87,75 @@ def variant_name(method: str, optimizer: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Scale:
-    configs: tuple[replay_train.ReplayTrainConfig, ...]
+    configs: tuple[TrainConfig, ...]
     num_seeds: int
     learning_rates: tuple[float, ...]
 
 
+def check_study_config(config: TrainConfig) -> TrainConfig:
+    """The study's trainer settings, else ``ValueError`` naming the field: method ``ppo_clip``,
+    one full-batch fresh step per iteration (``num_epochs`` = ``num_minibatches`` = 1, one pass),
+    one actor group at a fixed lag 0 (replay is the only staleness), the ``replay_freshper`` data
+    source (the rows set every replay leaf) and drift snapshots on (``replay.drift_every`` > 0)."""
+    if config.method != "ppo_clip":
+        raise ValueError(f"method must be 'ppo_clip' (the study's loss), got {config.method!r}")
+    for name in ("num_epochs", "num_minibatches", "num_actor_groups", "passes_per_batch_used"):
+        if getattr(config, name) != 1:
+            raise ValueError(f"{name} must be 1 (one full-batch fresh step per iteration; the K extra "
+                             f"updates are replay.extra_updates), got {getattr(config, name)}")
+    if config.delay.kind != "fixed" or config.delay.lag != 0:
+        raise ValueError(f"delay must be a fixed lag 0 (replay staleness only), got {config.delay!r}")
+    if config.data_source != "replay_freshper":
+        raise ValueError(f"data_source must be 'replay_freshper', got {config.data_source!r}")
+    if not config.replay.drift_every:
+        raise ValueError("replay.drift_every must be > 0 (the pilot fits τ to the drift snapshots)")
+    return config
+
+
 def _config(env_name: str, num_envs: int, rollout_length: int, iterations: int, buffer: int,
             log_every: int, eval_every: int, eval_episodes: int, **train_fields):
-    train = TrainConfig(env_name=env_name, num_envs=num_envs, rollout_length=rollout_length,
-                        total_env_steps=num_envs * rollout_length * iterations, num_epochs=1,
-                        num_minibatches=1, eval_every=eval_every, eval_episodes=eval_episodes,
-                        **train_fields)
-    return replay_train.ReplayTrainConfig(train=train, extra_updates=2, buffer_iterations=buffer,
-                                          log_every=log_every)
+    return check_study_config(TrainConfig(
+        env_name=env_name, num_envs=num_envs, rollout_length=rollout_length,
+        total_env_steps=num_envs * rollout_length * iterations, num_epochs=1, num_minibatches=1,
+        eval_every=eval_every, eval_episodes=eval_episodes, data_source="replay_freshper",
+        replay=ReplaySettings(extra_updates=2, buffer_iterations=buffer, drift_every=log_every),
+        **train_fields))
+
+
+# TrainConfig's fields when the committed runs were saved (results/freshper_control/runs/), in
+# their order; the fields added since then must be at their defaults for the legacy fingerprint
+_LEGACY_TRAIN_FIELDS = (
+    "env_name", "brax_backend", "num_envs", "rollout_length", "total_env_steps", "num_epochs",
+    "num_minibatches", "learning_rate", "max_grad_norm", "adam_eps", "gamma", "gae_lambda",
+    "value_coef", "entropy_coef", "advantage_normalization", "passes_per_batch", "normalize_obs",
+    "obs_clip", "hidden_sizes", "activation", "init_log_std", "encoder", "conv_channels",
+    "conv_kernel_size", "method", "ppo_clip", "ppo_kl", "kl_coef", "kl_adaptive", "spo", "vaco",
+    "vtrace_rho_bar", "vtrace_c_bar", "vaco_advantage", "delay", "num_actor_groups", "eval_every",
+    "eval_episodes")
+
+
+def config_fingerprint(config: TrainConfig) -> str:
+    """The configuration's part of a stage's fingerprint (the saved runs' folder and identity).
+
+    The study's runs were saved by the former replay trainer (``fresh_rl.control.replay_train``,
+    now :func:`fresh_rl.control.train.train` with the ``replay_freshper`` data source) under the
+    repr of its config; a config those runs could have had keeps that string, so the committed
+    chunks are restored and the tables re-decided from them. Any other config (a field added
+    since then off its default) gets its own repr, hence its own folder.
+    """
+    check_study_config(config)
+    new = set(f.name for f in dataclasses.fields(TrainConfig)) - set(_LEGACY_TRAIN_FIELDS) - {"replay", "data_source"}
+    default = TrainConfig()
+    if any(getattr(config, name) != getattr(default, name) for name in new):
+        return repr(config)
+    r = config.replay
+    train_repr = "TrainConfig(" + ", ".join(f"{name}={getattr(config, name)!r}" for name in _LEGACY_TRAIN_FIELDS) + ")"
+    return (f"ReplayTrainConfig(train={train_repr}, extra_updates={r.extra_updates!r}, "
+            f"buffer_iterations={r.buffer_iterations!r}, priority={r.priority!r}, "
+            f"priority_exponent={r.priority_exponent!r}, importance_exponent_default={r.importance_exponent!r}, "
+            f"min_decayed_priority={r.min_decayed_priority!r}, "
+            f"importance_weight_normalization={r.importance_weight_normalization!r}, "
+            f"buffer_sampling='freshper', log_every={r.drift_every!r})")
 
 
 SCALES = {
@@ -109,9 +171,22 @@ KEEP = ("eval/return_deterministic", "eval/valid", "episode_return", "drift/ess"
         "sampled_age_counts", "num_updates", "adam_count")
 
 
-def _train_kept(config, key, hp):
-    out = replay_train.train(config, key, hp)
-    return {k: out[k] for k in KEEP}
+def _adam_count(opt_state) -> jax.Array:
+    """The step count of the (one) Adam state in ``opt_state``: the updates it has taken."""
+    (count,) = [s.count for s in jax.tree.leaves(opt_state, is_leaf=lambda s: isinstance(
+        s, optax.ScaleByAdamState)) if isinstance(s, optax.ScaleByAdamState)]
+    return count
+
+
+def train_kept(config: TrainConfig, key, hp) -> dict:
+    """One run of the study: the :data:`KEEP` outputs (per-iteration metrics, drift snapshots,
+    replayed rows per age, optimizer updates and the shared Adam state's step count)."""
+    out = train(config, key, hp)
+    state = out.state
+    kept = {k: out.metrics[k] for k in KEEP[:5]}
+    kept.update({"sampled_age_counts": state.replay.sampled_age_counts, "num_updates": state.num_updates,
+                 "adam_count": _adam_count(state.opt_state)})
+    return kept
 
 
 def _run_grid(config, grid, hp, directory: Path, fingerprint: str, chunk: int):
@@ -119,7 +194,7 @@ def _run_grid(config, grid, hp, directory: Path, fingerprint: str, chunk: int):
     folder = directory.with_name(f"{directory.name}-{digest}")
     timing = folder.with_name(folder.name + ".seconds")
     started = time.perf_counter()
-    out = run_sharded(functools.partial(_train_kept, config), grid.keys, hp, chunk_size=chunk,
+    out = run_sharded(functools.partial(train_kept, config), grid.keys, hp, chunk_size=chunk,
                       checkpointer=RunCheckpointer(folder, fingerprint=fingerprint))
     if not timing.exists():
         timing.write_text(f"{time.perf_counter() - started:.1f}\n")
@@ -129,14 +204,14 @@ def _run_grid(config, grid, hp, directory: Path, fingerprint: str, chunk: int):
 def drift_pilot(config, scale: Scale, out_dir: Path, seed: int) -> dict:
     """On-policy runs per learning rate → per-step ESS/n and KL by age, τ_fit per learning rate
     (ESS/n averaged over seeds and over every snapshot that holds rows of that age)."""
-    lrs, env = scale.learning_rates, config.train.env_name
+    lrs, env = scale.learning_rates, config.env_name
     grid = product_grid(scale.num_seeds, seed, learning_rate=lrs)
-    hp = replay_train.hparams(config, [replay_hparams("onpolicy")] * grid.size,
-                              [r["learning_rate"] for r in grid.rows])
+    hp = replay_grid(config, [replay_hparams("onpolicy")] * grid.size,
+                     {"learning_rate": [r["learning_rate"] for r in grid.rows]})
     out, seconds = _run_grid(config, grid, hp, out_dir / "runs" / f"{env}-pilot",
-                             f"pilot {config!r} seeds={scale.num_seeds}@{seed} lrs={lrs}",
+                             f"pilot {config_fingerprint(config)} seeds={scale.num_seeds}@{seed} lrs={lrs}",
                              scale.num_seeds * len(lrs))
-    ages = np.arange(config.buffer_iterations)
+    ages = np.arange(config.replay.buffer_iterations)
     drift = {}
     for i, lr in enumerate(lrs):
         rows = slice(i * scale.num_seeds, (i + 1) * scale.num_seeds)
@@ -152,16 +227,16 @@ def drift_pilot(config, scale: Scale, out_dir: Path, seed: int) -> dict:
 def study(config, scale: Scale, drift: dict, out_dir: Path, seed: int, log=print,
           names=None, stage="study"):
     """Every (method, optimizer) of ``names`` (default :func:`variants`) × lrs × seeds."""
-    lrs, env, names = scale.learning_rates, config.train.env_name, names or variants()
+    lrs, env, names = scale.learning_rates, config.env_name, names or variants()
     grid = product_grid(scale.num_seeds, seed, variant=list(range(len(names))), learning_rate=lrs)
     rows = [replay_hparams(names[r["variant"]][0], drift[r["learning_rate"]]["tau_fit"],
                            names[r["variant"]][1]) for r in grid.rows]
-    hp = replay_train.hparams(config, rows, [r["learning_rate"] for r in grid.rows])
+    hp = replay_grid(config, rows, {"learning_rate": [r["learning_rate"] for r in grid.rows]})
     taus = {lr: drift[lr]["tau_fit"] for lr in lrs}
     log(f"{env} {stage}: {grid.size} runs ({len(names)} variants x {len(lrs)} lrs x "
         f"{scale.num_seeds} seeds), tau_fit={taus}")
     out, seconds = _run_grid(config, grid, hp, out_dir / "runs" / f"{env}-{stage}",
-                             f"{stage} {config!r} seeds={scale.num_seeds}@{seed} lrs={lrs} "
+                             f"{stage} {config_fingerprint(config)} seeds={scale.num_seeds}@{seed} lrs={lrs} "
                              f"tau_fit={taus} variants={names}", scale.num_seeds * len(lrs))
     shape = (len(names), len(lrs), scale.num_seeds)
     return grid, rows, {k: v.reshape(*shape, *v.shape[1:]) for k, v in out.items()}, seconds
@@ -169,13 +244,13 @@ def study(config, scale: Scale, drift: dict, out_dir: Path, seed: int, log=print
 
 def short_tau_stage(config, scale: Scale, out_dir: Path, seed: int, log=print):
     """FreshPER (shared Adam, IS) at the absolute τ of ``SHORT_TAUS`` × lrs × seeds."""
-    lrs, env = scale.learning_rates, config.train.env_name
+    lrs, env = scale.learning_rates, config.env_name
     grid = product_grid(scale.num_seeds, seed, tau=SHORT_TAUS, learning_rate=lrs)
     rows = [replay_hparams("freshper_1", r["tau"]) for r in grid.rows]
-    hp = replay_train.hparams(config, rows, [r["learning_rate"] for r in grid.rows])
+    hp = replay_grid(config, rows, {"learning_rate": [r["learning_rate"] for r in grid.rows]})
     log(f"{env} short_tau: {grid.size} runs (tau {SHORT_TAUS} x {len(lrs)} lrs x {scale.num_seeds} seeds)")
     out, seconds = _run_grid(config, grid, hp, out_dir / "runs" / f"{env}-short_tau",
-                             f"short_tau {config!r} seeds={scale.num_seeds}@{seed} lrs={lrs} "
+                             f"short_tau {config_fingerprint(config)} seeds={scale.num_seeds}@{seed} lrs={lrs} "
                              f"taus={SHORT_TAUS}", scale.num_seeds * len(lrs))
     shape = (len(SHORT_TAUS), len(lrs), scale.num_seeds)
     return {k: v.reshape(*shape, *v.shape[1:]) for k, v in out.items()}, seconds
@@ -223,7 +298,7 @@ def summarize(scale: Scale, results: dict, batch_normalized: dict, short_tau: di
     fig, axes = plt.subplots(2, len(results), figsize=(5 * len(results), 7), squeeze=False)
     for c, (env, (config, drift, grid, rows, data, seconds)) in enumerate(results.items()):
         final, mean = _scores(data)
-        ages = np.arange(config.buffer_iterations)
+        ages = np.arange(config.replay.buffer_iterations)
         for r, hp in zip(grid.rows, rows):
             v, li, s = r["variant"], lrs.index(r["learning_rate"]), r["seed"] - grid.rows[0]["seed"]
             counts = data["sampled_age_counts"][v, li, s]
@@ -290,7 +365,7 @@ def summarize(scale: Scale, results: dict, batch_normalized: dict, short_tau: di
         config, drift, _, _, base_data, _ = results[env]
         base_final, base_mean = _scores(base_data)
         final, mean = _scores(data)
-        ages = np.arange(config.buffer_iterations)
+        ages = np.arange(config.replay.buffer_iterations)
         for ti, tau in enumerate(SHORT_TAUS):
             for li, lr in enumerate(lrs):
                 counts = data["sampled_age_counts"][ti, li].sum(0)
@@ -362,18 +437,19 @@ def _readme(scale, results, final_rows, verdict_rows, norm_rows, short_rows, out
             header: dict) -> str:
     lrs = scale.learning_rates
     config = next(iter(results.values()))[0]
-    t = config.train
+    t, replay = config, config.replay
     text = ["# FreshPER in control: replay with matched controls", "", provenance_line(header),
             "Stage wall times (compilation included; a rerun restores saved chunks): " + ", ".join(
                 f"{env} pilot {r[1][lrs[0]]['stage_seconds']:.0f} s, study {r[5]:.0f} s, "
                 f"per-batch IS {_stage_seconds(norm_rows, env):.0f} s, short τ "
                 f"{_stage_seconds(short_rows, env):.0f} s" for env, r in results.items()) + ".", "",
-            f"Trainer: `fresh_rl.control.replay_train`, {t.num_envs} envs × T = {t.rollout_length} "
+            f"Trainer: `fresh_rl.control.train` with data source `{t.data_source}` (method "
+            f"`{t.method}`, actors at lag 0), {t.num_envs} envs × T = {t.rollout_length} "
             f"steps per iteration, {t.num_iterations} iterations, 1 fresh full-batch step + "
-            f"K = {config.extra_updates} extra steps, buffer of {config.buffer_iterations} iterations "
-            f"({t.num_envs * config.buffer_iterations} rows), priority `{config.priority}`, "
-            f"α = {config.priority_exponent}, β = {config.importance_exponent_default}, floor "
-            f"{config.min_decayed_priority}, IS normalisation `{config.importance_weight_normalization}`; "
+            f"K = {replay.extra_updates} extra steps, buffer of {replay.buffer_iterations} iterations "
+            f"({t.num_envs * replay.buffer_iterations} rows), priority `{replay.priority}`, "
+            f"α = {replay.priority_exponent}, β = {replay.importance_exponent}, floor "
+            f"{replay.min_decayed_priority}, IS normalisation `{replay.importance_weight_normalization}`; "
             f"Adam (clip {t.max_grad_norm}); learner evaluation every {t.eval_every} iterations, "
             f"{t.eval_episodes} deterministic episodes. {scale.num_seeds} seeds per cell; every "
             f"variant at every lr of {list(lrs)}.", "",
@@ -383,7 +459,7 @@ def _readme(scale, results, final_rows, verdict_rows, norm_rows, short_rows, out
             "|---|---|---|---|---|---|---|---|---|---|"]
     for env, (config, drift, *_rest) in results.items():
         for lr in lrs:
-            h = config.buffer_iterations
+            h = config.replay.buffer_iterations
             ess, kl = (" | ".join(f"{drift[lr][k][min(a, h - 1)]:.3f}" for a in (10, 50, 200))
                        for k in ("ess", "kl"))
             text.append(f"| {env} | {lr} | {drift[lr]['tau_fit']:.1f} | "
@@ -432,11 +508,12 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
             shutil.rmtree(out_dir / "runs")
         results, batch_normalized, short_tau = {}, {}, {}
         for config in scale.configs:
-            env = config.train.env_name
+            env = config.env_name
             drift = drift_pilot(config, scale, out_dir, seed)
             log(f"{env} tau_fit per lr: " + ", ".join(f"{lr}: {d['tau_fit']:.1f}" for lr, d in drift.items()))
             results[env] = (config, drift, *study(config, scale, drift, out_dir, seed, log))
-            batch_config = dataclasses.replace(config, importance_weight_normalization="batch")
+            batch_config = dataclasses.replace(config, replay=dataclasses.replace(
+                config.replay, importance_weight_normalization="batch"))
             batch_normalized[env] = study(batch_config, scale, drift, out_dir, seed, log,
                                           [(m, "shared") for m in BATCH_NORMALIZED], "batch_is")
             short_tau[env] = short_tau_stage(config, scale, out_dir, seed, log)

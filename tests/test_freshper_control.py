@@ -1,6 +1,10 @@
-"""The control replay trainer (fresh_rl.control.replay_train), the shared replay methods and the
-FreshPER control experiment."""
+"""The unified control trainer with the ``replay_freshper`` data source (fresh_rl.control.train),
+the shared replay methods and the FreshPER control experiment."""
 import csv
+import dataclasses
+import hashlib
+import importlib
+import json
 import math
 
 import jax
@@ -9,75 +13,126 @@ import numpy as np
 import optax
 import pytest
 
-from fresh_rl.control import replay_train
-from fresh_rl.control.train import TrainConfig
+from fresh_rl.control import networks
+from fresh_rl.control.acting import batch_start
+from fresh_rl.control.config import TrainConfig
+from fresh_rl.control.data_sources import ReplaySettings
+from fresh_rl.control.hyperparams import replay_grid
+from fresh_rl.control.losses import frozen_advantages, replayed_advantages, sequences
+from fresh_rl.control.train import init_state, train
+from fresh_rl.provenance import REPOSITORY_ROOT
+from fresh_rl.replay import make_trajectory_buffer
 from fresh_rl.replay import methods as replay_methods
 from fresh_rl.replay.methods import REPLAY_METHODS, replay_hparams, stack_replay_hparams
 from fresh_rl.sweep.keys import seed_keys
 
+train_module = importlib.import_module("fresh_rl.control.train")  # the attribute is the function
+
 TINY = TrainConfig(env_name="CartPole-v1", num_envs=2, rollout_length=8, total_env_steps=2 * 8 * 6,
-                   num_epochs=1, num_minibatches=1, learning_rate=3e-3)
+                   num_epochs=1, num_minibatches=1, learning_rate=3e-3, data_source="replay_freshper",
+                   replay=ReplaySettings(extra_updates=2, buffer_iterations=4, drift_every=3))
 
 
-def _config(**fields):
-    return replay_train.ReplayTrainConfig(**{"train": TINY, "extra_updates": 2, "buffer_iterations": 4,
-                                            "log_every": 3, **fields})
+def _config(**replay_fields):
+    return dataclasses.replace(TINY, replay=dataclasses.replace(TINY.replay, **replay_fields))
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"train": TrainConfig(num_epochs=1, num_minibatches=1, method="vaco")}, "train.method"),
-    ({"train": TrainConfig(num_epochs=1, num_minibatches=2)}, "train.num_minibatches"),
-    ({"train": TrainConfig(num_epochs=2, num_minibatches=1)}, "train.num_epochs"),
-    ({"log_every": 4}, "log_every"),
+    ({"drift_every": 4}, "drift_every"),  # must divide the 6 iterations
     ({"extra_updates": -1}, "extra_updates"),
     ({"priority": "td"}, "priority"),
     ({"priority_exponent": 2.0}, "priority_exponent"),
 ])
-def test_bad_config_names_the_field(fields, message):
+def test_bad_replay_settings_name_the_field(fields, message):
     with pytest.raises(ValueError, match=message):
         _config(**fields)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"method": "vaco"}, "method"),
+    ({"num_minibatches": 2}, "num_minibatches"),
+    ({"num_epochs": 2}, "num_epochs"),
+    ({"data_source": "replay_per"}, "data_source"),
+    ({"replay": ReplaySettings(buffer_iterations=4)}, "drift_every"),
+])
+def test_study_config_refuses_other_trainer_settings(load_experiment, fields, message):
+    """The study runs one full-batch PPO-clip step per iteration at lag 0 on the replay_freshper
+    source with drift snapshots; other settings are refused, naming the field."""
+    module = load_experiment("freshper_control")
+    module.check_study_config(TINY)
+    with pytest.raises(ValueError, match=message):
+        module.check_study_config(dataclasses.replace(TINY, **fields))
 
 
 def test_replay_targets_equal_gae_at_zero_staleness():
     """V-trace on rows collected by the current θ (ρ ≡ 1) gives the GAE(λ) advantages and
     λ-returns of the fresh update: the replay path adds no correction where none is due."""
-    config = _config()
     params = TINY.network().init(jax.random.PRNGKey(0), jnp.zeros((1, 4)))
     rng = np.random.default_rng(0)
     obs = jnp.asarray(rng.normal(size=(2, 8, 4)), jnp.float32)
     policy, _ = TINY.network().apply(params, obs)
-    from fresh_rl.control import networks
     action = networks.sample(jax.random.PRNGKey(1), policy)
-    items = {"obs": obs, "next_obs": jnp.asarray(rng.normal(size=(2, 8, 4)), jnp.float32),
-             "action": action, "reward": jnp.ones((2, 8)),
-             "terminated": jnp.asarray(rng.random((2, 8)) < 0.2),
-             "truncated": jnp.asarray(rng.random((2, 8)) < 0.1),
-             "behaviour_log_prob": networks.log_prob(policy, action)}
-    fresh = replay_train._fresh_targets(config, params, items, 0.99)
-    replayed = replay_train._replay_targets(config, params, items, 0.99)
+    next_obs = jnp.asarray(rng.normal(size=(2, 8, 4)), jnp.float32)
+    behaviour = networks.log_prob(policy, action)
+    seq = sequences(0.99, jnp.ones((2, 8)), jnp.asarray(rng.random((2, 8)) < 0.2),
+                    jnp.asarray(rng.random((2, 8)) < 0.1))
+    logp, values, next_values = batch_start(TINY, params, obs, action, next_obs)
+    fresh = frozen_advantages(TINY, seq, logp, behaviour, values, next_values)
+    replayed = replayed_advantages(TINY, seq, logp, behaviour, values, next_values)
     # two 8-step float32 recursions on |values| ≲ 8 (reward 1, γ = 0.99): ≲ 16 u·8 ≈ 8e-6 apart, and
     # ρ = 1 ± 1e-7 (two forwards) adds ≲ 1e-6: inside atol 1e-5 + rtol 1e-5
-    for k in ("advantage", "target"):
-        np.testing.assert_allclose(replayed[k], fresh[k], rtol=1e-5, atol=1e-5)
+    for name, r, f in zip(("advantage", "target"), replayed, fresh):
+        np.testing.assert_allclose(r, f, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
-def test_drift_by_age_matches_numpy():
-    """Per-age ESS/n and k3 KL of the stored rows against a plain NumPy loop over slots."""
+@dataclasses.dataclass(frozen=True)
+class _PERBufferConfig(TrainConfig):
+    """The same run on a plain PER buffer (``sampling="per"``: no age term at all)."""
+
+    @property
+    def replay_config(self):
+        return dataclasses.replace(super().replay_config, sampling="per")
+
+
+def _init_state_with_per_buffer(config, key, hparams=None):
+    """``init_state``; for a :class:`_PERBufferConfig`, with the empty buffer of a PER buffer
+    (the trainer sets τ on its FreshPER buffer, which a PER buffer has no use for)."""
+    if not isinstance(config, _PERBufferConfig):
+        return init_state(config, key, hparams)
+    fresh = TrainConfig(**{f.name: getattr(config, f.name) for f in dataclasses.fields(TrainConfig)})
+    state = init_state(fresh, key, hparams)
+    empty_row = jax.tree.map(lambda x: jnp.zeros_like(x[0]), state.replay.buffer.experience)
+    per = make_trajectory_buffer(config.replay_config).init(empty_row)
+    return state.replace(replay=state.replay.replace(buffer=per))
+
+
+@pytest.fixture(scope="module")
+def tau_inf_runs():
+    """Two seeds of PER (authors', given priorities) through ``train`` on the trainer's FreshPER
+    buffer (τ = ∞) and on a PER buffer: 6 iterations into a 4-iteration buffer, drift every 3."""
     config = _config()
-    hp = replay_train.hparams(config, [replay_hparams("uniform")])
-    hp1 = jax.tree.map(lambda x: x[0], hp)
-    state = replay_train.init_state(config, jax.random.PRNGKey(0), hp1)
-    iteration = jax.jit(replay_train.make_iteration(config))
-    for i in range(6):  # 6 iterations into a 4-iteration buffer: it fills and evicts
-        state, _ = iteration(state, hp1, jax.random.PRNGKey(i + 1))
-    drift = replay_train.drift_by_age(config, state.train.params, state.buffer)
-    buf = state.buffer
-    policy, _ = TINY.network().apply(state.train.params, buf.experience["obs"])
-    from fresh_rl.control import networks
+    per_config = _PERBufferConfig(**{f.name: getattr(config, f.name) for f in dataclasses.fields(TrainConfig)})
+    assert config.replay_config.sampling == "freshper" and per_config.replay_config.sampling == "per"
+    hp = replay_grid(config, [replay_hparams("per_authors"), replay_hparams("per_given")])
+    assert np.all(np.isinf(np.asarray(hp.age_decay_tau)))
+    fn = jax.jit(jax.vmap(train, (None, 0, 0)), static_argnums=0)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train_module, "init_state", _init_state_with_per_buffer)
+        return config, [fn(cfg, seed_keys([3, 4]), hp) for cfg in (config, per_config)]
+
+
+def test_drift_by_age_matches_numpy(tau_inf_runs):
+    """The trainer's last drift snapshot (per-age ESS/n and k3 KL of the stored rows) against a
+    plain NumPy loop over the slots of the final buffer."""
+    config, (out, _) = tau_inf_runs
+    buf = jax.tree.map(lambda x: x[0], out.state.replay.buffer)
+    params = jax.tree.map(lambda x: x[0], out.params)
+    drift = {k: np.asarray(out.metrics[f"drift/{k}"][0, -1]) for k in ("ess", "kl")}
+    policy, _ = TINY.network().apply(params, buf.experience["obs"])
     log_r = np.asarray(networks.log_prob(policy, buf.experience["action"])
                        - buf.experience["behaviour_log_prob"], np.float64)
     age = np.asarray(buf.latest_version - buf.insert_version)
-    for a in range(config.buffer_iterations):
+    for a in range(config.replay.buffer_iterations):
         sel = np.asarray(buf.valid) & (age == a)
         if not sel.any():
             assert drift["ess"][a] == -1.0
@@ -88,25 +143,22 @@ def test_drift_by_age_matches_numpy():
         # k3 = (r − 1) − log r in float32 keeps exp's rounding, ≤ 1 ulp(r) ≈ 1.2e-7 per step (r < 2), which
         # the old atol 1e-7 did not cover when KL ≲ 1e-4: atol 3e-7
         np.testing.assert_allclose(drift["kl"][a], np.mean(r - 1 - np.log(r)), rtol=1e-3, atol=3e-7)
-    assert (np.asarray(drift["ess"]) > 0).sum() == 4  # ages 0..3 all stored
+    assert (drift["ess"] > 0).sum() == 4  # 6 iterations into a 4-iteration buffer: ages 0..3 all stored
 
 
-def test_freshper_with_infinite_tau_equals_per_exactly():
-    """The whole replay run on a "freshper" buffer with τ = ∞ equals the run on a "per" buffer
-    (no age term at all): the keys bit for bit, the run to float32 rounding."""
-    rows = [replay_hparams("per_authors"), replay_hparams("per_given")]
-    keys = seed_keys([3, 4])
-    outs = []
-    for sampling in ("freshper", "per"):
-        config = _config(buffer_sampling=sampling)
-        fn = jax.jit(jax.vmap(replay_train.train, (None, 0, 0)), static_argnums=0)
-        outs.append(fn(config, keys, replay_train.hparams(config, rows)))
+def test_freshper_with_infinite_tau_equals_per_exactly(tau_inf_runs):
+    """The whole replay run on the trainer's FreshPER buffer with τ = ∞ equals the run on a
+    "per" buffer (no age term at all): the keys bit for bit, the run to float32 rounding."""
+    _, runs = tau_inf_runs
+    outs = [{**out.metrics, "params": out.params, "sampled_age_counts": out.state.replay.sampled_age_counts,
+             "num_updates": out.state.num_updates} for out in runs]
+    assert np.all(np.asarray(outs[0]["sampled_age_counts"]).sum(-1) > 0)  # replay did sample
     # the keys α log p + 0·Δt equal PER's exactly (also as an FMA) and no item is floored (p ≥ 1e-6 > f),
     # but the two programs (freshper compiles its rebase and τ paths) may fuse the training ops
     # differently: float32 rounding, kept ≲ 1e-6 relative by Adam's scale-free steps: rtol 1e-5, atol 1e-6
     for k in outs[0]:
-        np.testing.assert_allclose(np.asarray(outs[0][k]), np.asarray(outs[1][k]), rtol=1e-5, atol=1e-6,
-                                   err_msg=k)
+        for a, b in zip(jax.tree.leaves(outs[0][k]), jax.tree.leaves(outs[1][k])):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6, err_msg=k)
 
 
 @pytest.mark.parametrize("replay_optimizer, moves", [("shared", True), ("separate", False),
@@ -142,6 +194,27 @@ def test_zero_gradient_replay_step_with_the_control_optimizer(replay_optimizer, 
 
 
 # ------------------------------------------------------------------------- the experiment
+
+
+def test_committed_runs_keep_their_fingerprint(load_experiment):
+    """The saved runs of results/freshper_control (written by the former replay trainer) are
+    found and accepted by the ported script: the "cpu" scale's pilot fingerprints name the
+    committed folders and equal the fingerprints saved in their checkpoints (no JAX run)."""
+    module = load_experiment("freshper_control")
+    scale = module.SCALES["cpu"]
+    runs = REPOSITORY_ROOT / "results" / "freshper_control" / "runs"
+    if not runs.is_dir():
+        pytest.skip("results/freshper_control/runs is not in this checkout")
+    seed = json.loads((runs.parent / "config.json").read_text())["seed"]
+    for config in scale.configs:
+        fingerprint = (f"pilot {module.config_fingerprint(config)} seeds={scale.num_seeds}@{seed} "
+                       f"lrs={scale.learning_rates}")
+        folder = runs / f"{config.env_name}-pilot-{hashlib.sha256(fingerprint.encode()).hexdigest()[:10]}"
+        metas = sorted(folder.glob("*/meta/metadata"))
+        assert metas, folder
+        assert all(json.loads(m.read_text())["fingerprint"] == fingerprint for m in metas)
+    other = dataclasses.replace(scale.configs[0], max_logit_noise=2.0)  # a field the old runs lacked
+    assert module.config_fingerprint(other) == repr(other)
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +255,7 @@ def test_ci_scale_writes_its_files(ci_run):
     # (Σr)²/(nΣr²) ≤ 1 exactly; float32 sums of n = 64 terms add ≲ 3n·u ≈ 1.2e-5 (the old 1e-6 was
     # below even the typical 3√n·u): 1 + 2e-5
     assert all(0 < e <= 1 + 2e-5 for e in ess)
+    assert "Trainer: `fresh_rl.control.train` with data source `replay_freshper`" in (out / "README.md").read_text()
 
 
 def test_matched_updates_and_optimizer_state_counts(ci_run):
@@ -190,7 +264,7 @@ def test_matched_updates_and_optimizer_state_counts(ci_run):
     state or SGD, where it counts the fresh updates only."""
     module, out = ci_run
     config = module.SCALES["ci"].configs[0]
-    iterations, k = config.num_iterations, config.extra_updates
+    iterations, k = config.num_iterations, config.replay.extra_updates
     for r in _rows(out / "runs.csv"):
         method, _, optimizer = r["variant"].partition("@")
         updates = iterations * (1 if method == "onpolicy" else 1 + k)

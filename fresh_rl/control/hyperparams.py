@@ -242,3 +242,19 @@ class HyperParams:
                     f"HyperParams.lag must be < num_iterations = {config.num_iterations} (the run's "
                     f"length; a larger lag acts as {config.num_iterations - 1}), got {values.max()}")
         _require_allocation(config, num_runs, MAX_ALLOCATION_BYTES if max_bytes is None else max_bytes)
+
+
+def replay_grid(config: "TrainConfig", rows: Sequence[Mapping], values: Optional[Mapping[str, Sequence]] = None
+                ) -> HyperParams:
+    """``[N]`` :class:`HyperParams` for N replay rows: row i's
+    :func:`~fresh_rl.replay.methods.replay_hparams` dict fills the replay leaves (by their
+    :class:`~fresh_rl.replay.methods.ReplayHParams` field names), ``values`` (N values per
+    other leaf) the rest as in :meth:`HyperParams.from_grid`; unnamed leaves keep the config's
+    defaults."""
+    rows = list(rows)
+    values = dict(values or {})
+    clash = sorted(set(values) & set(_REPLAY_LEAVES))
+    if clash:
+        raise ValueError(f"replay leaves {clash} come from rows; pass them there, not in values")
+    values.update({leaf: [row[field] for row in rows] for leaf, field in _REPLAY_LEAVES.items()})
+    return HyperParams.from_grid(config, values, size=len(rows))
