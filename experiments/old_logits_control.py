@@ -1,18 +1,21 @@
 """Old-logit routes in control: does the mask collapse cost reward, and which repair recovers it?
 
-The control analogue of arXiv 2605.12070 (:mod:`fresh_rl.control.old_logits_train`): PPO with the
-decoupled loss (MIS mask on r_d = π_old/π_infer, clip on r_s = π_θ/π_old), an inference engine
-whose log-probs differ from the trainer's by a fixed mean |log r_d| (0.02), and random
-staleness: every actor group acts with a version U{0, …, W} iterations old, redrawn every
-iteration. Every route (recompute_current, snapshot, old_logit_model, linear and log-linear
-proxies, EWMA with and without auto-reset) runs at every W and at every learning rate of the
-grid, on the same seeds (paired); the EWMA with reset also at every reset threshold.
+The control analogue of arXiv 2605.12070, run by the control trainer
+(:func:`fresh_rl.control.train.train` with ``method="decoupled_ppo"``, :func:`route_config`): PPO
+with the decoupled loss (MIS mask on r_d = π_old/π_infer, clip on r_s = π_θ/π_old), an inference
+engine whose log-probs differ from the trainer's by a fixed mean |log r_d| (0.02,
+``inference_discrepancy``), and random staleness: every actor group acts with a version
+U{0, …, W} iterations old, redrawn every iteration. Every route of :data:`ROUTES`
+(recompute_current, snapshot, old_logit_model, linear and log-linear proxies, EWMA with and
+without auto-reset) runs at every W and at every learning rate of the grid, on the same seeds
+(paired); the EWMA with reset also at every reset threshold.
 Scores are learner evaluation episodes (deterministic), the last one and the mean over all
 evaluations of the run.
 
 Per (task, W): one vmapped program over every route × lr × seed (× reset threshold for
-``ewma``; the route is a traced hyperparameter), run by ``fresh_rl.sweep.run_sharded`` in chunks
-saved as they finish (a rerun skips them). A slow-reference stage reruns the two EWMA routes with
+``ewma``; the route is the traced ``HyperParams.route``, an index into :data:`ROUTES`), run by
+``fresh_rl.sweep.run_sharded`` in chunks saved as they finish (a rerun skips them, and finds the
+committed runs: :func:`config_text`). A slow-reference stage reruns the two EWMA routes with
 β = W/(W + 1) (a reference older than most of the batch, where a reset has something to fix)
 on the same program and seeds. Then a cost stage times every route on the first task at each
 W of the scale's ``cost_windows``, from one program per W whose route is an unbatched argument
@@ -48,9 +51,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fresh_rl.control import old_logits_train as olt
-from fresh_rl.control.train import TrainConfig
+from fresh_rl.control.config import DEFAULT_MIS, TrainConfig
+from fresh_rl.control.data_sources import ReplaySettings
+from fresh_rl.control.hyperparams import HyperParams
+from fresh_rl.control.train import train
 from fresh_rl.corrections import ewma_beta_from_staleness
+from fresh_rl.corrections.routes import get_route
 from fresh_rl.eval import holm_over_cells, seed_interval
 from fresh_rl.eval.route_claims import MIN_MASKED_FRACTION, ROUTE_CLAIMS, decide_route_claims
 from fresh_rl.lag import DelayConfig
@@ -62,11 +68,24 @@ from fresh_rl.validation import checked_result, checkify_if_checked
 
 RESULTS = REPOSITORY_ROOT / "results" / "old_logits_control"
 MAIN_THRESHOLD = 0.9  # the EWMA reset threshold of the route comparison (the library default)
+ROUTES: tuple[str, ...] = ("recompute_current", "snapshot", "old_logit_model", "linear_proxy",
+                           "loglinear_proxy", "ewma", "ewma_no_reset")
+"""The study's routes, in the order of its committed results (``TrainConfig.routes``; the traced
+``HyperParams.route`` indexes it): the registry's repair routes
+(:data:`fresh_rl.corrections.routes.REPAIR_ROUTES`) but ``interrupt``, which in control gives
+``old_logit_model``'s numbers (both read the log-probs recorded while acting)."""
+STUDY_SETTINGS = dict(method="decoupled_ppo", data_source="lagged_actors", replay=ReplaySettings(),
+                      route="snapshot", routes=ROUTES, inference_discrepancy=0.02, max_logit_noise=1.0,
+                      decoupled_mis=DEFAULT_MIS, tis_cap=None, ewma_beta_rule="mean_age",
+                      ewma_reset_threshold=MAIN_THRESHOLD)
+"""The :class:`TrainConfig` fields every task of the study sets: the decoupled loss (MIS token mask
+exp(±0.1) on r_d, PPO clip 0.2 on r_s, no TIS weight), engine mean |log r_d| 0.02, every route
+of :data:`ROUTES` in one program (default ``snapshot``), EWMA β = W/(W + 2)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class Scale:
-    tasks: tuple[TrainConfig, ...]  # W and the learning rate are set per grid point
+    tasks: tuple[TrainConfig, ...]  # the study's settings; W and the learning rate are set per grid point
     windows: tuple[int, ...]
     num_seeds: int
     learning_rates: tuple[float, ...]
@@ -81,7 +100,7 @@ def _task(env_name: str, num_envs: int, rollout_length: int, iterations: int, ev
     return TrainConfig(env_name=env_name, num_envs=num_envs, rollout_length=rollout_length,
                        total_env_steps=num_envs * rollout_length * iterations, num_epochs=4,
                        num_minibatches=4, num_actor_groups=num_envs, eval_every=eval_every,
-                       eval_episodes=eval_episodes)
+                       eval_episodes=eval_episodes, **STUDY_SETTINGS)
 
 
 SCALES = {
@@ -103,11 +122,65 @@ KEEP = ("eval/return_deterministic", "eval/valid", "episode_return", "loss/activ
         "lag/version_gap_mean")
 
 
-def route_config(task: TrainConfig, window: int, iterations=None) -> olt.OldLogitTrainConfig:
+def route_config(task: TrainConfig, window: int, iterations=None) -> TrainConfig:
     """The task with random staleness U{0, …, W} (ring W + 1); the route is a traced hyperparameter."""
     steps = task.total_env_steps if iterations is None else task.batch_size * iterations
-    train = dataclasses.replace(task, delay=DelayConfig.uniform(0, window, window + 1), total_env_steps=steps)
-    return olt.OldLogitTrainConfig(train=train)
+    return dataclasses.replace(task, delay=DelayConfig.uniform(0, window, window + 1), total_env_steps=steps)
+
+
+def route_index(config: TrainConfig, route: str) -> int:
+    """The ``HyperParams.route`` value of ``route`` (its position in ``config.routes_used``)."""
+    return config.routes_used.index(route)
+
+
+# The saved runs are found by a text naming their config (the RunCheckpointer fingerprint and the
+# folder's digest; the costs' key). It is the config's text from before the unified trainer, when the
+# study ran fresh_rl.control.old_logits_train: an OldLogitTrainConfig wrapping the control TrainConfig
+# (method 'ppo_clip', its clip the clip on r_s) with the engine and decoupled-loss settings beside it.
+# The unified trainer reproduces that trainer's metrics bit for bit on these configs
+# (tests/fixtures/recorded_trainers/old_logits_control.npz), so the committed runs in
+# results/old_logits_control stay valid and are found; a setting that text cannot express is appended.
+LEGACY_TRAIN_FIELDS: tuple[str, ...] = (
+    "env_name", "brax_backend", "num_envs", "rollout_length", "total_env_steps", "num_epochs",
+    "num_minibatches", "learning_rate", "max_grad_norm", "adam_eps", "gamma", "gae_lambda", "value_coef",
+    "entropy_coef", "advantage_normalization", "passes_per_batch", "normalize_obs", "obs_clip",
+    "hidden_sizes", "activation", "init_log_std", "encoder", "conv_channels", "conv_kernel_size", "method",
+    "ppo_clip", "ppo_kl", "kl_coef", "kl_adaptive", "spo", "vaco", "vtrace_rho_bar", "vtrace_c_bar",
+    "vaco_advantage", "delay", "num_actor_groups", "eval_every", "eval_episodes")
+"""The fields of the control TrainConfig of the committed runs, in its order."""
+LEGACY_STUDY_FIELDS: dict[str, str] = {
+    "route": "route", "discrepancy": "inference_discrepancy", "max_logit_noise": "max_logit_noise",
+    "mis": "decoupled_mis", "tis_cap": "tis_cap", "ewma_beta_rule": "ewma_beta_rule",
+    "ewma_reset_threshold": "ewma_reset_threshold"}
+"""The old OldLogitTrainConfig's fields beside ``train``, in its order → today's TrainConfig field."""
+
+
+def _legacy_train_text(config: TrainConfig) -> str:
+    fields = ", ".join(f"{name}={'ppo_clip' if name == 'method' else getattr(config, name)!r}"
+                       for name in LEGACY_TRAIN_FIELDS)
+    return f"TrainConfig({fields})"
+
+
+def _unexpressed(config: TrainConfig, expressed) -> str:
+    """`` name=value`` of every field outside ``expressed`` that differs from the study's setting
+    (or the field's default); ``method`` counts as unexpressed (the old text says 'ppo_clip')."""
+    extra = [f" {f.name}={getattr(config, f.name)!r}" for f in dataclasses.fields(TrainConfig)
+             if (f.name == "method" or f.name not in expressed)
+             and getattr(config, f.name) != STUDY_SETTINGS.get(f.name, f.default)]
+    return "".join(extra)
+
+
+def config_text(config: TrainConfig) -> str:
+    """The text that names a run's config in its fingerprint (comment above)."""
+    study = ", ".join(f"{old}={getattr(config, 'route_used' if new == 'route' else new)!r}"
+                      for old, new in LEGACY_STUDY_FIELDS.items())
+    return (f"OldLogitTrainConfig(train={_legacy_train_text(config)}, {study})"
+            + _unexpressed(config, LEGACY_TRAIN_FIELDS + tuple(LEGACY_STUDY_FIELDS.values())))
+
+
+def task_text(task: TrainConfig) -> str:
+    """The text that names a task in the costs' key (the committed runs': the plain TrainConfig)."""
+    return _legacy_train_text(task) + _unexpressed(task, LEGACY_TRAIN_FIELDS)
 
 
 SLOW_REFERENCE_RULE = "centre_of_mass"
@@ -127,7 +200,7 @@ def _base_route(route: str) -> str:
 
 def _reference(route: str) -> str:
     """The EWMA β rule a result used: the route comparison's or the slow-reference stage's."""
-    return SLOW_REFERENCE_RULE if route.endswith(SLOW) else olt.OldLogitTrainConfig.ewma_beta_rule
+    return SLOW_REFERENCE_RULE if route.endswith(SLOW) else STUDY_SETTINGS["ewma_beta_rule"]
 
 
 def _thresholds(scale: Scale, route: str) -> tuple[float, ...]:
@@ -135,7 +208,7 @@ def _thresholds(scale: Scale, route: str) -> tuple[float, ...]:
 
 
 
-def cell_rows(scale: Scale, seed: int, routes=olt.BUILTIN_ROUTES) -> list[dict]:
+def cell_rows(scale: Scale, seed: int, routes=ROUTES) -> list[dict]:
     """The grid of one (task, W): every route × lr × seed, the ``ewma`` route also × every
     reset threshold (route slowest, seed fastest)."""
     return [{"route": route, "threshold": threshold, "learning_rate": lr, "seed": s}
@@ -144,8 +217,41 @@ def cell_rows(scale: Scale, seed: int, routes=olt.BUILTIN_ROUTES) -> list[dict]:
 
 
 def _train_kept(config, key, hp):
-    out = olt.train(config, key, hp)
-    return {k: out[k] for k in KEEP}
+    out = train(config, key, hp)
+    return {k: out.metrics[k] for k in KEEP}
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One (task, W) grid: its config, rows, traced hyperparameters and where its runs are saved."""
+
+    config: TrainConfig
+    routes: tuple[str, ...]
+    rows: list
+    hparams: HyperParams
+    fingerprint: str
+    folder: Path
+
+
+def cell(scale: Scale, task: TrainConfig, window: int, out_dir: Path, seed: int,
+         slow_reference: bool = False) -> Cell:
+    """The grid of :func:`run_cell` (nothing run): its folder is ``<task>-W<W>[-slowref]-<digest>``,
+    the digest of its fingerprint (:func:`config_text`, the rows, the slow stage's β)."""
+    config = route_config(task, window)
+    routes = EWMA_ROUTES if slow_reference else ROUTES
+    rows = cell_rows(scale, seed, routes)
+    beta = ewma_beta_from_staleness(window, SLOW_REFERENCE_RULE) if slow_reference else None
+    grid = {"route": [route_index(config, r["route"]) for r in rows],
+            "ewma_reset_threshold": [r["threshold"] for r in rows],
+            "learning_rate": [r["learning_rate"] for r in rows]}
+    if beta is not None:
+        grid["ewma_beta"] = [beta] * len(rows)
+    hp = HyperParams.from_grid(config, grid)
+    fingerprint = f"{config_text(config)} rows={rows}" + (f" ewma_beta={beta!r}" if slow_reference else "")
+    digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:10]  # new settings, new folder
+    stage = "-slowref" if slow_reference else ""
+    folder = Path(out_dir) / "runs" / f"{task.env_name}-W{window}{stage}-{digest}"
+    return Cell(config, routes, rows, hp, fingerprint, folder)
 
 
 def run_cell(scale: Scale, task: TrainConfig, window: int, out_dir: Path, seed: int, log=print,
@@ -153,29 +259,19 @@ def run_cell(scale: Scale, task: TrainConfig, window: int, out_dir: Path, seed: 
     """Every route of one (task, W) from one compiled program: ``{route: arrays [thresholds, lrs,
     seeds, …]}``, chunks of seeds × lrs saved as they finish. ``slow_reference``: only the EWMA
     routes, with β from ``SLOW_REFERENCE_RULE`` (the reset stage; the same compiled program)."""
-    config = route_config(task, window)
-    routes = EWMA_ROUTES if slow_reference else olt.BUILTIN_ROUTES
-    rows = cell_rows(scale, seed, routes)
-    beta = ewma_beta_from_staleness(window, SLOW_REFERENCE_RULE) if slow_reference else None
-    hp = olt.OldLogitHParams.from_grid(config, len(rows), routes=[r["route"] for r in rows],
-                                       ewma_reset_threshold=[r["threshold"] for r in rows],
-                                       learning_rate=[r["learning_rate"] for r in rows],
-                                       ewma_beta=None if beta is None else [beta] * len(rows))
-    fingerprint = f"{config!r} rows={rows}" + (f" ewma_beta={beta!r}" if slow_reference else "")
-    digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:10]  # new settings, new folder
+    c = cell(scale, task, window, out_dir, seed, slow_reference)
     stage = "-slowref" if slow_reference else ""
-    folder = out_dir / "runs" / f"{task.env_name}-W{window}{stage}-{digest}"
-    timing = folder.with_name(folder.name + ".seconds")
+    timing = c.folder.with_name(c.folder.name + ".seconds")
     started = time.perf_counter()
-    out = run_sharded(functools.partial(_train_kept, config), seed_keys([r["seed"] for r in rows]), hp,
-                      chunk_size=scale.num_seeds * len(scale.learning_rates),
-                      checkpointer=RunCheckpointer(folder, fingerprint=fingerprint))
+    out = run_sharded(functools.partial(_train_kept, c.config), seed_keys([r["seed"] for r in c.rows]),
+                      c.hparams, chunk_size=scale.num_seeds * len(scale.learning_rates),
+                      checkpointer=RunCheckpointer(c.folder, fingerprint=c.fingerprint))
     if not timing.exists():
         timing.write_text(f"{time.perf_counter() - started:.1f}\n")
-    log(f"{task.env_name} W={window}{stage}: {len(rows)} runs, {float(timing.read_text()):.0f} s")
+    log(f"{task.env_name} W={window}{stage}: {len(c.rows)} runs, {float(timing.read_text()):.0f} s")
     out = {k: np.asarray(v) for k, v in out.items()}
     cells, start = {}, 0
-    for route in routes:
+    for route in c.routes:
         shape = (len(_thresholds(scale, route)), len(scale.learning_rates), scale.num_seeds)
         size = int(np.prod(shape))
         cells[route] = {k: v[start:start + size].reshape(*shape, *v.shape[1:]) for k, v in out.items()}
@@ -197,7 +293,7 @@ def measure_costs(scale: Scale, out_dir: Path, seed: int, log=print) -> list[dic
     path = out_dir / "costs.json"
     task = scale.tasks[0]
     windows = list(scale.cost_windows)
-    key = f"{task!r} {windows} {scale.num_seeds} {scale.cost_iterations}"
+    key = f"{task_text(task)} {windows} {scale.num_seeds} {scale.cost_iterations}"
     if path.exists():
         saved = json.loads(path.read_text())
         if saved.get("key") == key:
@@ -206,21 +302,22 @@ def measure_costs(scale: Scale, out_dir: Path, seed: int, log=print) -> list[dic
     keys = seed_keys(list(range(seed, seed + scale.num_seeds)))
     for window in windows:
         config = route_config(task, window, scale.cost_iterations)
-        hp = olt.OldLogitHParams.from_grid(config, scale.num_seeds)
+        hp = HyperParams.from_grid(config, {}, size=scale.num_seeds)
         # the route leaf unbatched: a real branch, so each call pays only its own route
-        axes = olt.OldLogitHParams(control=0, route=None, ewma_beta=0, ewma_reset_threshold=0)
-        body, checkified = checkify_if_checked(jax.vmap(olt.train, (None, 0, axes)))  # --checked
+        axes = jax.tree.map(lambda _: 0, hp).replace(route=None)
+        body, checkified = checkify_if_checked(
+            jax.vmap(lambda c, k, h: train(c, k, h).metrics, (None, 0, axes)))  # --checked
         fn = jax.jit(body, static_argnums=0)
         started = time.perf_counter()
         compiled = fn.lower(config, keys, hp.replace(route=hp.route[0])).compile()
         compile_s = time.perf_counter() - started
-        for route in olt.BUILTIN_ROUTES:
-            route_hp = hp.replace(route=jnp.asarray(olt.route_index(route), jnp.int32))
+        for route in ROUTES:
+            route_hp = hp.replace(route=jnp.asarray(route_index(config, route), jnp.int32))
             jax.block_until_ready(compiled(keys, route_hp))  # warm-up
             started = time.perf_counter()
             out = checked_result(jax.block_until_ready(compiled(keys, route_hp)), checkified)
             run_s = time.perf_counter() - started
-            spec = olt.ROUTES[route]
+            spec = get_route(route)
             rows.append({"task": task.env_name, "window": window, "route": route, "exact": spec.exact,
                          "param_copies": spec.param_copies(window, task.num_actor_groups),
                          "forwards_per_iteration": float(np.mean(out["old_logits/forwards"])),
@@ -378,7 +475,7 @@ def _figure(scale: Scale, summary_rows: list[dict], out_dir: Path) -> None:
     fig, axes = plt.subplots(3, len(envs), figsize=(5 * len(envs), 10), squeeze=False)
     lr = scale.learning_rates[0]
     for j, env in enumerate(envs):
-        for route in olt.BUILTIN_ROUTES:
+        for route in ROUTES:
             rows = [r for r in summary_rows if r["task"] == env and r["route"] == route
                     and r["learning_rate"] == lr and r["threshold"] == MAIN_THRESHOLD]
             w = [r["window"] for r in rows]
