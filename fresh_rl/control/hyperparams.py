@@ -3,7 +3,7 @@
 :class:`HyperParams` holds every value of :func:`fresh_rl.control.train.train` that may vary
 inside one compiled program: ``jax.vmap(train, (None, 0, 0))`` over keys and a stacked
 ``HyperParams`` runs a seeds × values grid from a single compilation. The matching
-:class:`~fresh_rl.control.train.TrainConfig` field is only the *default*:
+:class:`~fresh_rl.control.config.TrainConfig` field is only the *default*:
 :meth:`HyperParams.from_config` copies it, and the trainer always reads the traced leaf.
 Settings that change shapes or the program's structure (network, env, batch layout, loss
 variants) stay static in the config.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import TYPE_CHECKING, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -29,8 +29,6 @@ from fresh_rl.corrections.ewma import ewma_beta_from_staleness
 from fresh_rl.replay.methods import EXTRAS, HPARAM_DTYPES, REPLAY_OPTIMIZERS, ReplayHParams, replay_hparams
 from fresh_rl.validation import check_in_range, is_traced
 
-if TYPE_CHECKING:  # annotation only
-    from fresh_rl.control.config import TrainConfig
 
 MAX_ALLOCATION_BYTES: int = 16 * 2**30
 """Largest :func:`allocation_estimate` total (bytes, all grid points together) that
