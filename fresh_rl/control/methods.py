@@ -186,8 +186,11 @@ def _vaco_config(config):
 
 
 def _decoupled_ppo(logp, mb, hparams, config):
-    loss, metrics = decoupled_ppo_loss(logp[None], mb["reference_log_prob"][None], mb["behaviour_log_prob"][None],
-                                       mb["advantage"][None], config=config.decoupled_config)
+    def row(x):  # the loss takes [B, T]: every sample of the minibatch (or replayed rows) as one row
+        return x.reshape(1, -1)
+
+    loss, metrics = decoupled_ppo_loss(row(logp), row(mb["reference_log_prob"]), row(mb["behaviour_log_prob"]),
+                                       row(mb["advantage"]), config=config.decoupled_config)
     return loss, {name: metrics[name] for name in ("active_token_fraction", "clip_fraction")}
 
 
