@@ -96,12 +96,12 @@ def test_centred_ratio_baseline_adds_no_expected_gradient_by_exact_enumeration(d
     for name in ("impala", "vaco_align_only", "ppo_kl"):
         method = METHODS[name]
         for kind in ("centered_ratio", "standardize"):
-            expected = _numpy_extra_gradient(theta, log_beta, log_pi_t, method.loss_form, method.reference, kind)
+            expected = _numpy_extra_gradient(theta, log_beta, log_pi_t, method.loss_form, method.default_route, kind)
             np.testing.assert_allclose(grads[name, kind], expected, atol=atol, err_msg=(name, kind))
         # the centred baseline is unbiased for every loss form and reference (float64: terms ≤ M·1,
         # a handful of roundings, ≲ 1e-13)
         np.testing.assert_allclose(_numpy_extra_gradient(theta, log_beta, log_pi_t, method.loss_form,
-                                                         method.reference, "centered_ratio"), 0.0, atol=1e-12)
+                                                         method.default_route, "centered_ratio"), 0.0, atol=1e-12)
     # plain centring: unbiased for a ratio against β (PPO-KL), biased for IMPALA and a ratio against π_T
     np.testing.assert_allclose(grads["ppo_kl", "standardize"], 0.0, atol=atol)
     pi = np.exp(theta - theta.max()) / np.exp(theta - theta.max()).sum()
@@ -150,11 +150,13 @@ def test_normalize_advantages_matches_numpy(rows):
     config = TrainConfig(**TINY, method="ppo_clip")
     mb = {"advantage": jnp.asarray(adv), "reference_log_prob": jnp.asarray(log_b),
           "behaviour_log_prob": jnp.asarray(log_b)}
-    # b = exp(0) = 1 exactly, so c = Σ Â/n runs the same eager reduce_sum and division as mean Â: equal
+    # b = exp(0) = 1 exactly, so c = Σ Â·1 / Σ 1 is mean Â up to the order of one float32 sum of n ≤ 12
+    # terms (XLA may fuse Â·b into its reduction): |c − mean Â| ≲ n·u·max|Â| ≈ 7e-7·max|Â|, which ÷σ
+    # becomes ≲ 7e-7·cond; near-constant Â (σ ≪ |Â|) makes cond large
     np.testing.assert_allclose(
         normalize_advantages(TrainConfig(**TINY, method="ppo_clip", advantage_normalization="centered_ratio"),
                               mb, jnp.asarray(log_p)),
-        normalize_advantages(config, mb, jnp.asarray(log_p)), rtol=1e-5, atol=1e-5)
+        normalize_advantages(config, mb, jnp.asarray(log_p)), rtol=1e-5, atol=1e-5 + 2e-6 * cond)
 
 
 # --------------------------------------------------------------------------- VACO's δ conventions
