@@ -110,10 +110,11 @@ def run_notebook(tmp_path):
 # scheduler gives whole files to the workers in collection order, so a long file collected last
 # would leave one worker running alone at the end. Order only; every file still runs.
 LONGEST_FILES_FIRST = (
-    "test_quickstart.py", "test_llm_replay.py", "test_llm_async_pipeline.py",
-    "test_replay_buffer.py", "test_old_logits_control.py", "test_experiment_vaco.py",
-    "test_freshper_control.py", "test_replay_segment_tree.py", "test_control_train.py",
-    "test_multihost.py",
+    "test_quickstart.py", "test_llm_async_pipeline.py", "test_device_check.py", "test_control_train.py",
+    "test_experiment_vaco.py", "test_llm_accumulation.py", "test_replay_buffer.py", "test_sweep.py",
+    "test_llm_rl_trainer.py", "test_llm_replay.py", "test_freshper_control.py", "test_run_integrity.py",
+    "test_multihost.py", "test_llm_sharding.py", "test_replay_segment_tree.py", "test_llm_model.py",
+    "test_llm_bf16.py", "test_control_brax.py", "test_recorded_trainers.py", "test_old_logits_control.py",
 )
 
 

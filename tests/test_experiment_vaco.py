@@ -216,6 +216,7 @@ def test_mixture_column_follows_the_fixed_lags():
     assert set(out["metrics"]) >= {"episode_return", "lag/tv", "lag/forward_tv", "lag/ess"}
 
 
+@pytest.mark.slow  # the notebook reruns the ci study's programs in a kernel of its own
 def test_notebook_02_vaco_under_lag(run_notebook, ci_run):
     """The notebook runs the ci scale through the study's ``run_variant`` (after the script: the
     same programs, loaded from the session's compilation cache)."""

@@ -230,8 +230,9 @@ def _rows(path):
         return list(csv.DictReader(f))
 
 
-# experiments/freshper_control.py end to end; the bed's equalities (τ = ∞ is PER, drift by age)
-# stay in the default run
+# experiments/freshper_control.py end to end (slow lane: the script's ci scale compiles the study's
+# programs); the bed's equalities (τ = ∞ is PER, drift by age, update counts) stay in the default run
+@pytest.mark.slow
 def test_ci_scale_writes_its_files(ci_run):
     module, out = ci_run
     for name in ("README.md", "config.json", "runs.csv", "final.csv", "ess_vs_age.csv",
@@ -258,6 +259,7 @@ def test_ci_scale_writes_its_files(ci_run):
     assert "Trainer: `fresh_rl.control.train` with data source `replay_freshper`" in (out / "README.md").read_text()
 
 
+@pytest.mark.slow
 def test_matched_updates_and_optimizer_state_counts(ci_run):
     """1 + K epochs and every replay method make exactly K + 1 optimizer updates per batch,
     on-policy makes 1; the shared Adam state counts them all, except under a separate replay
@@ -277,6 +279,7 @@ def test_matched_updates_and_optimizer_state_counts(ci_run):
 
 
 # needs the ci study above
+@pytest.mark.slow
 @pytest.mark.slow
 def test_ci_scale_rerun_skips_saved_chunks(ci_run):
     module, out = ci_run

@@ -191,7 +191,7 @@ def _decoupled_ppo(logp, mb, hparams, config):
 
     loss, metrics = decoupled_ppo_loss(row(logp), row(mb["reference_log_prob"]), row(mb["behaviour_log_prob"]),
                                        row(mb["advantage"]), config=config.decoupled_config)
-    return loss, {name: metrics[name] for name in ("active_token_fraction", "clip_fraction")}
+    return loss, {name: metrics[name] for name in ("loss", "active_token_fraction", "clip_fraction")}
 
 
 def _vaco(logp, mb, hparams, config, delta=None):
