@@ -26,7 +26,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from fresh_rl.control import networks
+from fresh_rl.control.acting import log_probs
 from fresh_rl.control.config import TrainConfig
 from fresh_rl.control.hyperparams import HyperParams
 from fresh_rl.corrections import EWMAReference, ewma_maybe_reset, fraction, interpolation_weight, mis_mask
@@ -80,11 +80,8 @@ class ControlRouteSources:
         obs = self.rows["obs"].reshape(g, config.num_envs // g, *self.rows["obs"].shape[1:])
         actions = self.rows["action"].reshape(g, config.num_envs // g, *self.rows["action"].shape[1:])
 
-        def score(p, o, a):
-            policy, _ = config.network().apply(p, o)
-            return networks.log_prob(policy, a)
-
-        old = jax.vmap(score)(params, obs, actions).reshape(self.learner_log_prob.shape)
+        old = jax.vmap(lambda p, o, a: log_probs(config, p, o, a))(params, obs, actions)
+        old = old.reshape(self.learner_log_prob.shape)
         return RouteOutput(old=old, forwards=self._distinct_versions())
 
     def collected(self) -> RouteOutput:
@@ -95,8 +92,7 @@ class ControlRouteSources:
         return interpolation_weight(self.rows["version"], k, k + 1)
 
     def ewma(self, reset: bool) -> RouteOutput:
-        policy, _ = self.config.network().apply(self.ewma_reference.params, self.rows["obs"])
-        old = networks.log_prob(policy, self.rows["action"])
+        old = log_probs(self.config, self.ewma_reference.params, self.rows["obs"], self.rows["action"])
         if not (reset and self.fresh):
             return RouteOutput(old=old, forwards=jnp.ones((), jnp.int32))
         infer = self.rows["behaviour_log_prob"]

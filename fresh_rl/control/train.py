@@ -314,9 +314,8 @@ def drift_by_age(config: TrainConfig, params, replay: ReplayState) -> dict:
     items = replay.experience
     h, t = config.replay.buffer_iterations, config.rollout_length
     rows = items["reward"].shape[0]
-    policy, _ = config.network().apply(params, items["obs"].reshape(rows * t, *items["obs"].shape[2:]))
-    actions = items["action"].reshape(rows * t, *items["action"].shape[2:])
-    log_r = networks.log_prob(policy, actions).reshape(rows, t) - items["behaviour_log_prob"]
+    flat = {k: items[k].reshape(rows * t, *items[k].shape[2:]) for k in ("obs", "action")}
+    log_r = log_probs(config, params, flat["obs"], flat["action"]).reshape(rows, t) - items["behaviour_log_prob"]
     age = jnp.where(replay.valid, replay.latest_version - replay.insert_version, h)
     ages = jnp.clip(age, 0, h)  # h: the bin of empty slots (and of rows older than the buffer)
     r = jnp.exp(log_r)
