@@ -55,6 +55,9 @@ def _write(tree, indices, values, mask):
 
 
 _sample = jax.jit(segment_tree.sample)
+# one compiled program per (batch size, bound, mask or not) instead of compiling each of its ops
+# eagerly per batch size; test_last_write_wins_mask keeps an eager call
+_last_write_wins = jax.jit(segment_tree.last_write_wins, static_argnames="index_bound")
 # XLA on CPU flushes subnormals to zero, so they are not meaningful priorities.
 leaf_values = st.lists(
     st.floats(0.0, 100.0, width=32, allow_subnormal=False) | st.just(0.0),
@@ -128,7 +131,8 @@ def test_scattered_and_whole_level_updates_agree(fanout):
     rng = np.random.default_rng(1)
     capacity = 3000
     start = rng.uniform(0, 1, (capacity, 2)).astype(np.float32)
-    initial = segment_tree.build(jnp.asarray(start), ("sum", "min"), fanout)
+    # jitted: one compile instead of the build's ops one by one at this size (exactness of build: above)
+    initial = jax.jit(segment_tree.build, static_argnums=(1, 2))(jnp.asarray(start), ("sum", "min"), fanout)
     for batch in (4, 40, 2000):
         idx = rng.integers(0, capacity, batch)
         vals = rng.uniform(0, 1, (batch, 2)).astype(np.float32)
@@ -241,9 +245,12 @@ def test_no_float32_drift_after_2e4_batched_writes(fanout):
         hit_zero = jnp.sum(segment_tree.leaf_values(tree, leaf)[:, 0] <= 0)
         return (tree, bad_samples + jnp.where(root > 0, hit_zero, 0)), None
 
-    init = segment_tree.build(jnp.ones((capacity, 2), jnp.float32), ("sum", "min"), fanout)
-    keys = jax.random.split(jax.random.key(0), steps)
-    (tree, bad_samples), _ = jax.jit(lambda n, k: jax.lax.scan(step, (n, 0), k))(init, keys)
+    @jax.jit  # the initial build inside the program: one compile instead of its ops one by one
+    def run(keys):
+        init = segment_tree.build(jnp.ones((capacity, 2), jnp.float32), ("sum", "min"), fanout)
+        return jax.lax.scan(step, (init, 0), keys)[0]
+
+    tree, bad_samples = run(jax.random.split(jax.random.key(0), steps))
     leaves = np.asarray(segment_tree.leaves(tree), np.float64)
     root, root_min = np.asarray(segment_tree.total(tree))
     # the root is a pairwise float32 sum of 1000 non-negative leaves: ≤ 14 roundings deep (K = 128),
@@ -275,9 +282,8 @@ def test_last_write_wins_matches_sequential_reference(indices, data, presort):
             winner[i] = position
     expected = [winner.get(i) == p for p, i in enumerate(indices)]
     for bound in (None, 10):
-        got = segment_tree.last_write_wins(jnp.asarray(indices), jnp.asarray(mask),
-                                           index_bound=bound)
+        got = _last_write_wins(jnp.asarray(indices), jnp.asarray(mask), index_bound=bound)
         assert np.asarray(got).tolist() == expected
         if all(mask):
-            unmasked = segment_tree.last_write_wins(jnp.asarray(indices), index_bound=bound)
+            unmasked = _last_write_wins(jnp.asarray(indices), index_bound=bound)
             assert np.asarray(unmasked).tolist() == expected
