@@ -212,10 +212,16 @@ def test_checkpoint_of_another_run_names_only_the_differing_fields(tmp_path):
 
 
 def test_cli_second_run_on_a_busy_folder_fails_at_once_and_the_first_finishes(tmp_path):
-    code = ("import time; from fresh_rl.cli import main; import fresh_rl.sweep.checkpoint as c; "
+    # the first run stops after its first checkpoint until this test has tried the second run (the
+    # file `go` appears), so the folder is held while the second run starts, without timed sleeps
+    go = tmp_path.parent / f"{tmp_path.name}.go"
+    code = ("import os, time; from fresh_rl.cli import main; import fresh_rl.sweep.checkpoint as c; "
             "save = c.RunCheckpointer.save\n"
-            "def slow(self, step, tree):\n    save(self, step, tree); print('saved', step, flush=True); time.sleep(1)\n"
-            f"c.RunCheckpointer.save = slow\nmain(['train', '--out', {str(tmp_path)!r}, '--checkpoint-every', '1', "
+            "def held(self, step, tree):\n    save(self, step, tree); print('saved', step, flush=True)\n"
+            f"    deadline = time.monotonic() + 120\n"
+            f"    while not os.path.exists({str(go)!r}) and time.monotonic() < deadline:\n"
+            "        time.sleep(0.02)\n"
+            f"c.RunCheckpointer.save = held\nmain(['train', '--out', {str(tmp_path)!r}, '--checkpoint-every', '1', "
             f"*{TINY!r}])")
     first = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -229,6 +235,8 @@ def test_cli_second_run_on_a_busy_folder_fails_at_once_and_the_first_finishes(tm
         with pytest.raises(SystemExit, match=rf"output folder {tmp_path} is in use by another run: pid {first.pid}"):
             main(["train", "--out", str(tmp_path), "--seed", "1", *TINY])
         assert time.perf_counter() - started < 5  # refused before any computation
+        assert first.poll() is None  # the first run was still holding the folder
+        go.touch()
         first.communicate(timeout=120)
     finally:
         first.kill()
