@@ -270,13 +270,16 @@ def test_never_samples_unwritten_or_zero_priority_slots(mode, fanout):
     config = ReplayConfig(capacity=1000, sample_batch_size=64, sampling=mode, age_decay_tau=1.0,
                           tree_fanout=fanout)
     buffer = make_trajectory_buffer(config)
-    add, set_priorities, _ = _jitted(buffer)
-    state = add(buffer.init(example_item()), make_batch(70, 0.0), 0, None)
-    state = add(state, make_batch(30, 1.0), 40, None)  # 100 of 1000 slots written
-    # Zero out most priorities; the survivors (95..99) include old ones, decayed 40 versions.
-    state = set_priorities(state, jnp.arange(95), jnp.zeros(95))
-    keys = jax.random.split(jax.random.key(0), 500)
-    indices = np.asarray(jax.jit(jax.vmap(buffer.sample, in_axes=(None, 0)))(state, keys).indices)
+
+    @jax.jit  # the same jitted add, set_priorities and sample calls as one program: one compile, not four
+    def sampled_indices(keys):
+        state = buffer.add(buffer.init(example_item()), make_batch(70, 0.0), 0, None)
+        state = buffer.add(state, make_batch(30, 1.0), 40, None)  # 100 of 1000 slots written
+        # Zero out most priorities; the survivors (95..99) include old ones, decayed 40 versions.
+        state = buffer.set_priorities(state, jnp.arange(95), jnp.zeros(95))
+        return jax.vmap(buffer.sample, in_axes=(None, 0))(state, keys).indices
+
+    indices = np.asarray(sampled_indices(jax.random.split(jax.random.key(0), 500)))
     if mode == "uniform":
         assert indices.max() < 100
     else:
@@ -443,12 +446,14 @@ def test_vmap_over_independent_buffers_matches_a_loop():
     seeds = 3
 
     def run(key):
-        state = buffer.init(example_item())
-        for v in range(5):
+        def step(v, carry):  # versions 0..4; a loop body compiled once instead of unrolled 5 times
+            state, key = carry
             key, k = jax.random.split(key)
-            state = buffer.add(state, make_batch(3, float(v)), v)
+            state = buffer.add(state, make_batch(3, v.astype(jnp.float32)), v)
             s = buffer.sample(state, k)
-            state = buffer.set_priorities(state, s.indices, jax.random.uniform(k, (4,)) + 0.1)
+            return buffer.set_priorities(state, s.indices, jax.random.uniform(k, (4,)) + 0.1), key
+
+        state, key = jax.lax.fori_loop(0, 5, step, (buffer.init(example_item()), key))
         return state, buffer.sample(state, key)
 
     keys = jax.random.split(jax.random.key(0), seeds)
@@ -521,18 +526,22 @@ def test_magnitude_priority_rejects_bad_arguments():
 
 @functools.cache
 def _filled_buffer(config: ReplayConfig):
-    """``(buffer, fill)``: 8 items added in 4 batches at versions 0, 3, 6, 9, then
-    ``fill(priorities)`` set; jitted once per config and reused across examples."""
+    """``(buffer, fill)``: ``fill(priorities)`` is ``buffer.init``, 8 items added in 4 batches at
+    versions 0, 3, 6, 9, then ``priorities`` set; jitted once per config and reused across examples.
+
+    The empty state is made outside the jitted part and passed in: a buffer's τ is then an input of
+    the program (the state's decay rate), not a constant in it, so the buffers of the drawn τs lower
+    to the same program and the session's persistent compilation cache (tests/conftest.py) compiles
+    it once instead of once per example (each example is still traced with its own buffer)."""
     buffer = make_trajectory_buffer(config)
 
     @jax.jit
-    def fill(priorities):
-        state = buffer.init(example_item())
+    def fill_from(state, priorities):
         for v in range(4):
             state = buffer.add(state, make_batch(2, float(v)), 3 * v)
         return buffer.set_priorities(state, jnp.arange(8), priorities)
 
-    return buffer, fill
+    return buffer, lambda priorities: fill_from(buffer.init(example_item()), priorities)
 
 
 @settings(max_examples=8)
