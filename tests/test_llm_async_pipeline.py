@@ -300,7 +300,11 @@ def test_a_registered_route_runs_with_no_other_edit(params):
     try:
         with pytest.raises(ValueError, match="already registered"):
             registry.register_route(toy)
-        config = ap.AsyncConfig(staleness_window=1, old_logit_route=toy.name)
+        # W = 2 as the behaviour-route test below: the toy route computes what "behaviour"
+        # does, so the two traced programs lower to the same module and the second loads the
+        # first's executable from the session's compilation cache (conftest) instead of
+        # compiling it again; the toy route is still traced through the registry here
+        config = ap.AsyncConfig(staleness_window=2, old_logit_route=toy.name)
         state, history = ap.train_loop(CONFIG, config, 0, 1, params=params, env=ENV,
                                        model_config=MODEL)
         assert state.ewma is None and int(state.train.step) == 1

@@ -13,6 +13,11 @@ from fresh_rl.llm.model import PRESETS, Qwen2Config, Qwen2LM, init_params, prese
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_tiny")
 STANDIN = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_bpe_tiny")
+# init_params and the forwards below run jitted: eagerly, Flax dispatches every op of the
+# scanned model on its own, which cost more than compiling the whole program once. jit changes
+# which program evaluates the same operations, not what is compared (random init values differ
+# from eager ones only in rounding, and no test compares them with stored numbers).
+_init_params = jax.jit(init_params, static_argnums=0)
 
 
 @pytest.mark.parametrize("folder", [FIXTURE, STANDIN], ids=["qwen2_tiny", "qwen2_bpe_tiny"])
@@ -22,9 +27,9 @@ def test_logits_match_transformers_reference(folder):
     tokenizer's encodings)."""
     config, params = load_hf_checkpoint(folder)
     ref = np.load(os.path.join(folder, "reference.npz"))
-    logits, _ = Qwen2LM(config).apply({"params": params}, jnp.asarray(ref["input_ids"]),
-                                      jnp.asarray(ref["position_ids"]),
-                                      jnp.asarray(ref["attention_mask"]))
+    logits, _ = jax.jit(Qwen2LM(config).apply)(
+        {"params": params}, jnp.asarray(ref["input_ids"]), jnp.asarray(ref["position_ids"]),
+        jnp.asarray(ref["attention_mask"]))
     valid = ref["attention_mask"].astype(bool)
     err = np.abs(np.asarray(logits) - ref["logits"])[valid]
     assert np.abs(ref["logits"]).max() > 1.0  # the comparison is not between near-zero logits
@@ -101,14 +106,14 @@ def test_qwen25_preset_parameter_count(name, low, high):
 def test_padding_does_not_change_valid_logits():
     """Left padding plus explicit mask and positions gives the unpadded row's logits."""
     config = preset("tiny")
-    params = init_params(config, jax.random.PRNGKey(0))
+    params = _init_params(config, jax.random.PRNGKey(0))
     tokens = jax.random.randint(jax.random.PRNGKey(1), (1, 6), 3, 100)
-    model = Qwen2LM(config)
-    plain, _ = model.apply({"params": params}, tokens, jnp.arange(6)[None], jnp.ones((1, 6), bool))
+    apply = jax.jit(Qwen2LM(config).apply)
+    plain, _ = apply({"params": params}, tokens, jnp.arange(6)[None], jnp.ones((1, 6), bool))
     padded_tokens = jnp.concatenate([jnp.zeros((1, 3), tokens.dtype), tokens], axis=1)
     mask = jnp.arange(9)[None] >= 3
     positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
-    padded, _ = model.apply({"params": params}, padded_tokens, positions, mask)
+    padded, _ = apply({"params": params}, padded_tokens, positions, mask)
     # 9 vs 6 positions, two programs: √(5000 chained terms)·u ≈ 4e-6 of Σ|terms| ≲ 2 → 8e-6, 2×
     np.testing.assert_allclose(padded[:, 3:], plain, atol=2e-5)
 
@@ -142,7 +147,7 @@ def test_scanned_and_remat_model_equals_the_unrolled_layers():
     Python from the stacked parameters: logits and every parameter gradient."""
     from fresh_rl.llm.model import DecoderLayer, RMSNorm, rope_cos_sin
     config = _small(3)
-    params = init_params(config, jax.random.PRNGKey(0))
+    params = _init_params(config, jax.random.PRNGKey(0))
     assert jax.tree_util.tree_leaves(params["layers"])[0].shape[0] == 3
     tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 5), 0, 32)
     positions = jnp.arange(5)[None].repeat(2, 0)
@@ -161,12 +166,20 @@ def test_scanned_and_remat_model_equals_the_unrolled_layers():
         return Qwen2LM(config, remat=remat).apply({"params": params}, tokens, positions,
                                                   mask)[0]
 
-    reference = unrolled(params)
-    reference_grads = jax.grad(lambda p: jnp.sum(jnp.sin(unrolled(p))))(params)
+    def grads_and_logits(forward):
+        """One jitted program per model: the gradient of Σ sin(logits) and, as its auxiliary
+        output, the logits of the same forward. The unrolled model still applies the layers
+        one by one (Python unrolls the loop while tracing); running it eagerly dispatched
+        every op separately, most of this test's time. jit changes no operation, only which
+        program evaluates it, and the bounds below are already two-program bounds."""
+        return jax.jit(jax.grad(lambda p: (jnp.sum(jnp.sin(logits := forward(p))), logits),
+                                has_aux=True))(params)
+
+    reference_grads, reference = grads_and_logits(unrolled)
     for remat in (False, True):
-        # scan vs eager layers: √(440 chained terms)·u ≈ 1.3e-6 of Σ|terms| ≲ 0.4 → 5e-7
-        np.testing.assert_allclose(scanned(params, remat), reference, rtol=1e-5, atol=1e-6)
-        grads = jax.grad(lambda p: jnp.sum(jnp.sin(scanned(p, remat))))(params)
+        grads, logits = grads_and_logits(lambda p: scanned(p, remat))
+        # scan vs unrolled layers: √(440 chained terms)·u ≈ 1.3e-6 of Σ|terms| ≲ 0.4 → 5e-7
+        np.testing.assert_allclose(logits, reference, rtol=1e-5, atol=1e-6)
         for a, b in zip(jax.tree_util.tree_leaves(grads),
                         jax.tree_util.tree_leaves(reference_grads)):
             # backward: √(2·440 terms · 10 tokens)·u ≈ 6e-6 of the leaf's scale (3e-3 … 29)
@@ -175,17 +188,22 @@ def test_scanned_and_remat_model_equals_the_unrolled_layers():
 
 def test_head_options_keep_the_logits():
     config = _small(3)
-    params = init_params(config, jax.random.PRNGKey(0))
+    params = _init_params(config, jax.random.PRNGKey(0))
     tokens = jax.random.randint(jax.random.PRNGKey(1), (2, 5), 0, 32)
     positions, mask = jnp.arange(5)[None].repeat(2, 0), jnp.ones((2, 5), bool)
     model = Qwen2LM(config)
-    every, _ = model.apply({"params": params}, tokens, positions, mask)
-    last, _ = model.apply({"params": params}, tokens, positions, mask, logits_for="last")
-    hidden, _ = model.apply({"params": params}, tokens, positions, mask, logits_for="none")
+
+    @jax.jit
+    def heads(params):
+        every, _ = model.apply({"params": params}, tokens, positions, mask)
+        last, _ = model.apply({"params": params}, tokens, positions, mask, logits_for="last")
+        hidden, _ = model.apply({"params": params}, tokens, positions, mask, logits_for="none")
+        return every, last, model.apply({"params": params}, hidden, method=Qwen2LM.logits)
+
+    every, last, from_hidden = heads(params)
     # same backbone ops; norm and head re-sum 16 terms for this shape: ≤ 2·16·u·0.4 ≈ 8e-7
     np.testing.assert_allclose(last, every[:, -1:], rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(model.apply({"params": params}, hidden, method=Qwen2LM.logits),
-                               every, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(from_hidden, every, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="logits_for must be"):
         model.apply({"params": params}, tokens, positions, mask, logits_for="first")
 
@@ -196,7 +214,7 @@ def test_per_layer_checkpoints_restore_into_the_scanned_layout(tmp_path):
     from fresh_rl.llm.model import stack_layers, unstack_layers
     from fresh_rl.llm.warm_start import restore_params, save_params
     config = _small(3)
-    params = init_params(config, jax.random.PRNGKey(0))
+    params = _init_params(config, jax.random.PRNGKey(0))
     per_layer = unstack_layers(params)
     assert sorted(k for k in per_layer if k.startswith("layers")) == ["layers_0", "layers_1",
                                                                        "layers_2"]

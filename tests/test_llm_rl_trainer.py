@@ -188,12 +188,12 @@ def test_update_raises_positive_and_lowers_negative_advantage_sequences(params, 
     i.e. moves probability towards the A > 0 sequences (to first order this holds for any
     sign-preserving optimizer step, Adam's first step included)."""
     _, batch = expert_batch
-    logp = lambda p: np.asarray(  # noqa: E731
-        (token_logprobs_and_entropy(p, MODEL, batch.tokens, batch.mask)[0]
-         * batch.action_mask).sum(axis=1))
+    # one jitted forward serves the three evaluations (same shapes; run eagerly, every op was
+    # dispatched on its own, three times)
+    forward = jax.jit(lambda p: token_logprobs_and_entropy(p, MODEL, batch.tokens, batch.mask)[0])
+    logp = lambda p: np.asarray((forward(p) * batch.action_mask).sum(axis=1))  # noqa: E731
     before = logp(params)
-    current = jnp.where(batch.action_mask, jnp.asarray(
-        token_logprobs_and_entropy(params, MODEL, batch.tokens, batch.mask)[0]), 0.0)
+    current = jnp.where(batch.action_mask, forward(params), 0.0)
     batch = batch.replace(behaviour_log_probs=current, old_logprobs=current)
     small = dataclasses.replace(CONFIG, learning_rate=1e-6)
     new, _ = _update(init_train_state(small, params), batch, jax.random.PRNGKey(0), small)
