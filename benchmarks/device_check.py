@@ -34,15 +34,16 @@ so a run cut off by its lease keeps what it measured):
 **Estimates.** Before a stage runs it prints its estimate, compile + run seconds, and is
 skipped (reason recorded) when that exceeds the budget left. Compile seconds
 (``CPU_COMPILE_S``) = the stage's programs × their idle XLA:CPU compile time on the 2-core
-x86_64 VM: ≈ 11 s per control trainer program (``results/bench/compile_profile.md``), ≈ 1 s
+x86_64 VM: ≈ 11 s per control trainer program (``results/bench/compile_profile.md``: 5–6 s on a fast
+day of the VM, 10–13 s on a slow one; the slow figure is used), ≈ 1 s
 per replay scan, 5–7 s per 0.5B stage (``llm_scale.md``), Brax's PPO ≈ 2 × 10 s (its epoch
 compiles twice); correctness 70 s (8 small programs, the control iteration and the three tiny
 LLM stages, each compiled for the device and for the CPU), replay 8 s, control 45 s, llm 30 s,
-study 35 s (3 programs). The cold dry run (XLA's lowest optimisation level; the same programs
-except one forward lag in the study and only our VACO against Brax in the control stage) took
-(compile / total s, at load average 4.3–6.2 on the 2 cores) 50/54, 7/7, 22/21, 4/6 (its LLM
-programs come from the correctness stage's cache) and 22/22 s: 113 s wall, 79 s of CPU time.
-Scaled by ``COMPILE_FACTOR`` = 1.0: XLA:GPU compiles a program in about the time XLA:CPU does,
+study 35 s (3 programs). The cold dry run (XLA's lowest optimisation level and its loop emitters; the same programs
+except one forward lag and CartPole instead of the Brax task in the study, and only our VACO
+against Brax in the control stage) took (compile / total s, idle 2-core VM) 23.7/26.4, 2.6/2.6,
+10.9/9.7, 2.9/4.0 (its LLM programs come from the correctness stage's cache) and 3.2/3.1 s:
+49 s wall, 55 s of CPU time. Scaled by ``COMPILE_FACTOR`` = 1.0: XLA:GPU compiles a program in about the time XLA:CPU does,
 and one compile does not use the GPU host's extra cores. Run seconds on one H100
 (``DEVICE_RUN_S``) are reckoned from the shapes: correctness 15 s (the CPU side's 2048-env
 iteration), replay 40 s (fills of 2^20 items, 4 cells × 3 scans × 5 repeats), control 90 s
@@ -112,6 +113,7 @@ class Sizes:
     study_iterations: int
     study_forward_lags: tuple  # keys of STUDY_FORWARD_LAGS
     study_seeds: tuple  # (fewest, most)
+    study_task: str  # the dry run's is a gymnax task: the same code, a third of Brax's compile
 
 
 DEVICE_SIZES = Sizes(replay_log_capacities=(16, 20), replay_batches=(256, 4096), replay_scan_steps=30,
@@ -119,14 +121,16 @@ DEVICE_SIZES = Sizes(replay_log_capacities=(16, 20), replay_batches=(256, 4096),
                      control_unroll=16, control_hidden=(64, 64), control_iterations=40, control_repeats=3,
                      control_variants=("ours ppo_clip lag 0", "ours vaco lag 0"),
                      llm_tiny=False, llm_repeats=3, study_envs=256, study_unroll=16, study_iterations=100,
-                     study_forward_lags=(4, 16, 64), study_seeds=(3, 16))
+                     study_forward_lags=(4, 16, 64), study_seeds=(3, 16),
+                     study_task=f"brax/{BRAX_TASK}")
 DRY_SIZES = Sizes(replay_log_capacities=(8,), replay_batches=(16,), replay_scan_steps=4, replay_repeats=1,
                   check_capacity=256, check_batch=16, control_envs=8, control_unroll=8, control_hidden=(16, 16),
                   control_iterations=1, control_repeats=1,
                   control_variants=("ours vaco lag 0",), llm_tiny=True, llm_repeats=1, study_envs=8,
-                  study_unroll=8, study_iterations=2, study_forward_lags=(4,), study_seeds=(2, 2))
-# The dry run's estimates: its cold run on the 2-core VM at load average 4.3–6.2 (docstring).
-DRY_RUN_S = {"correctness": 54.0, "replay": 7.0, "control": 21.0, "llm": 6.0, "study": 22.0}
+                  study_unroll=8, study_iterations=2, study_forward_lags=(4,), study_seeds=(2, 2),
+                  study_task="CartPole-v1")
+# The dry run's estimates: its cold run on the idle 2-core VM (docstring).
+DRY_RUN_S = {"correctness": 27.0, "replay": 3.0, "control": 10.0, "llm": 4.0, "study": 4.0}
 
 
 def estimate_s(stage: str, dry_run: bool) -> float:
@@ -483,7 +487,7 @@ def stage_study(sizes: Sizes, budget_left: float, log) -> dict:
     rows = []
     forward_lags = {m: STUDY_FORWARD_LAGS[m] for m in sizes.study_forward_lags}
     for forward_lag, (epochs, minibatches) in forward_lags.items():
-        config = TrainConfig(env_name=f"brax/{BRAX_TASK}", num_envs=sizes.study_envs,
+        config = TrainConfig(env_name=sizes.study_task, num_envs=sizes.study_envs,
                              rollout_length=sizes.study_unroll,
                              total_env_steps=sizes.study_iterations * sizes.study_envs * sizes.study_unroll,
                              num_epochs=epochs, num_minibatches=minibatches, hidden_sizes=sizes.control_hidden,
@@ -502,7 +506,7 @@ def stage_study(sizes: Sizes, budget_left: float, log) -> dict:
                          **{f"mean {name}": float(v[i].mean()) for name, v in extra.items()}})
             log(rows[-1])
     return {"rows": rows, "notes": [
-        f"VACO on {BRAX_TASK}, {sizes.study_envs} envs × T {sizes.study_unroll}, {sizes.study_iterations} "
+        f"VACO on {sizes.study_task}, {sizes.study_envs} envs × T {sizes.study_unroll}, {sizes.study_iterations} "
         f"iterations; M = epochs × minibatches ({forward_lags}); final return = the last iteration's "
         f"episode_return; Student-t 95 % interval over {seeds} seeds (fresh_rl.eval.seed_interval); "
         "TV and filtered fraction: the trainer's per-iteration metrics averaged over the run"]}
@@ -529,9 +533,11 @@ def main(argv=None) -> int:
         require_clean(git_commit(), args.allow_dirty or args.dry_run_cpu)
     except DirtyCheckoutError as error:
         parser.error(str(error))
-    if args.dry_run_cpu:  # plumbing, not speed: XLA's fastest compile (about half the seconds)
-        jax.config.update("jax_platforms", "cpu")
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0"
+    if args.dry_run_cpu:  # plumbing, not speed: XLA's fastest compile (level 0 and the loop
+        jax.config.update("jax_platforms", "cpu")  # emitters, as the test suite's conftest)
+        for flag, value in (("xla_backend_optimization_level", "0"), ("xla_cpu_use_fusion_emitters", "false")):
+            if flag not in os.environ.get("XLA_FLAGS", ""):
+                os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --{flag}={value}".strip()
     out = args.out or RESULTS
     out.mkdir(parents=True, exist_ok=True)
     cache = enable_compilation_cache(args.cache_dir, min_compile_seconds=0.0)
