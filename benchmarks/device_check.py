@@ -75,7 +75,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fresh_rl.compilation_cache import CompileMeter, enable_compilation_cache
+from fresh_rl.compilation_cache import CompileMeter, enable_compilation_cache, with_fast_compile_flags
 from fresh_rl.provenance import (DirtyCheckoutError, git_commit, machine_description, provenance, provenance_line,
                                  require_clean, write_atomic)
 
@@ -533,11 +533,9 @@ def main(argv=None) -> int:
         require_clean(git_commit(), args.allow_dirty or args.dry_run_cpu)
     except DirtyCheckoutError as error:
         parser.error(str(error))
-    if args.dry_run_cpu:  # plumbing, not speed: XLA's fastest compile (level 0 and the loop
-        jax.config.update("jax_platforms", "cpu")  # emitters, as the test suite's conftest)
-        for flag, value in (("xla_backend_optimization_level", "0"), ("xla_cpu_use_fusion_emitters", "false")):
-            if flag not in os.environ.get("XLA_FLAGS", ""):
-                os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --{flag}={value}".strip()
+    if args.dry_run_cpu:  # plumbing, not speed: XLA:CPU's fastest compile, as the test suite
+        jax.config.update("jax_platforms", "cpu")
+        os.environ["XLA_FLAGS"] = with_fast_compile_flags(os.environ.get("XLA_FLAGS", ""))
     out = args.out or RESULTS
     out.mkdir(parents=True, exist_ok=True)
     cache = enable_compilation_cache(args.cache_dir, min_compile_seconds=0.0)

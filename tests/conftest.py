@@ -49,9 +49,9 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")
 # rounding, not about which machine code XLA emits, and the suite also passes at the default
 # level and under another vector ISA (--xla_cpu_max_isa=AVX2). A setting the caller already
 # chose is kept; subprocesses inherit the flags (tests that add device-count flags append to them).
-for _flag, _value in (("xla_backend_optimization_level", "0"), ("xla_cpu_use_fusion_emitters", "false")):
-    if _flag not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --{_flag}={_value}".strip()
+from fresh_rl.compilation_cache import with_fast_compile_flags  # noqa: E402  (after the JAX_ variables)
+
+os.environ["XLA_FLAGS"] = with_fast_compile_flags(os.environ.get("XLA_FLAGS", ""))
 
 # Tracing a program allocates millions of short-lived Python objects; with the default
 # generation-0 threshold (700) the cyclic collector ran for ~9% of a control program's build.

@@ -282,7 +282,6 @@ def test_matched_updates_and_optimizer_state_counts(ci_run):
 
 # needs the ci study above
 @pytest.mark.slow
-@pytest.mark.slow
 def test_ci_scale_rerun_skips_saved_chunks(ci_run):
     module, out = ci_run
     before = (out / "runs.csv").read_text()

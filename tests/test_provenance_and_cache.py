@@ -203,3 +203,13 @@ def test_cache_load_noise_is_dropped_from_fd_2_and_nothing_else(tmp_path, ending
     for kept in ("other.cc:1] kept: an unrelated C++ error\n", "cpu_aot_loader.cc:9] kept: another loader line\n"):
         assert kept in after
     assert after.endswith("\rkept: a progress line without newline")
+
+
+def test_fast_compile_flags_are_appended_once_and_keep_the_callers_choice():
+    flags = compilation_cache.with_fast_compile_flags("--xla_force_host_platform_device_count=8")
+    assert flags.split() == ["--xla_force_host_platform_device_count=8", "--xla_backend_optimization_level=0",
+                             "--xla_cpu_use_fusion_emitters=false"]
+    assert compilation_cache.with_fast_compile_flags(flags) == flags  # idempotent
+    chosen = compilation_cache.with_fast_compile_flags("--xla_backend_optimization_level=2")
+    assert "--xla_backend_optimization_level=2" in chosen and "level=0" not in chosen
+    assert os.environ["XLA_FLAGS"] == compilation_cache.with_fast_compile_flags(os.environ["XLA_FLAGS"])  # conftest set them
