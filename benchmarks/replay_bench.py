@@ -65,7 +65,10 @@ def batch_of(n, value):
 def ours(capacity, batch, sampling, normalization="buffer",
          fanout=segment_tree.DEFAULT_FANOUT, min_decayed_priority=1e-8, floored_fraction=0.0):
     """``floored_fraction`` > 0: that share of the items is inserted 20τ versions before the
-    rest, so their decayed priority e^−20 ≈ 2e-9 is below the default floor 1e-8."""
+    rest, so their decayed priority e^−20 ≈ 2e-9 is below the default floor 1e-8. The fresh
+    chunks are written first: the old ones then arrive below the floor of the buffer's clock and
+    join the floored set in one vectorised write, where writing them first would leave the floor
+    to move them one min-descent at a time when the clock jumps (2^19 loop steps at 2^20)."""
     buffer = make_trajectory_buffer(ReplayConfig(
         capacity=capacity, sample_batch_size=batch, sampling=sampling,
         priority_exponent=ALPHA, age_decay_tau=TAU,
@@ -77,9 +80,13 @@ def ours(capacity, batch, sampling, normalization="buffer",
         chunk = min(capacity, 4096)
         add = jax.jit(buffer.add, donate_argnums=0)
         chunks = capacity // chunk
-        for i in range(chunks):
-            old = i < round(floored_fraction * chunks)
+        num_old = round(floored_fraction * chunks)
+        for i in [*range(num_old, chunks), *range(num_old)]:
+            old = i < num_old
             state = add(state, batch_of(chunk, i), version + (0 if old else int(20 * TAU)), None)
+        if int(state.floored.size) != (num_old * chunk if min_decayed_priority > 0 else 0):
+            raise RuntimeError(f"fill: {int(state.floored.size)} items floored, expected "
+                               f"{num_old * chunk} of {capacity}")
         return state
 
     return dict(

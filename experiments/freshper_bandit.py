@@ -39,11 +39,16 @@ import numpy as np
 
 from fresh_rl.eval import seed_interval
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
-from fresh_rl.replay.methods import REPLAY_METHODS as METHODS
+from fresh_rl.replay.methods import REPLAY_METHODS
 from fresh_rl.sweep import RunCheckpointer, output_lock, product_grid, run_sharded
 from fresh_rl.sweep.study_cli import study_main
 from fresh_rl.lag import fit_ess_time_constant
 from fresh_rl.tabular_bandit import BedConfig, method_hparams, stack_hparams, train
+
+# The study's arms, as when its runs were committed (the registry may grow past them).
+METHODS = {n: REPLAY_METHODS[n] for n in (
+    "onpolicy", "onpolicy_epochs", "uniform", "per_authors", "per_given", "freshper_0.3",
+    "freshper_1", "freshper_3", "freshper_1_no_is")}
 
 RESULTS = REPOSITORY_ROOT / "results" / "freshper_bandit"
 

@@ -69,6 +69,9 @@ from fresh_rl.sweep import RunCheckpointer, output_lock, product_grid, run_shard
 from fresh_rl.sweep.study_cli import study_main
 
 RESULTS = REPOSITORY_ROOT / "results" / "freshper_control"
+# The study's arms, as when its runs were committed (the registry may grow past them).
+STUDY_METHODS = ("onpolicy", "onpolicy_epochs", "uniform", "per_authors", "per_given", "freshper_0.3",
+                 "freshper_1", "freshper_3", "freshper_1_no_is")
 OPTIMIZER_CONTROLS = ("uniform", "per_given", "freshper_1")  # also run with separate Adam / SGD
 BATCH_NORMALIZED = ("per_authors", "per_given", "freshper_1")  # also run with per-batch IS weights
 SHORT_TAUS = (3.0, 10.0, 30.0)  # FreshPER τ in iterations, set by the KL of stored data (stage 4)
@@ -77,7 +80,7 @@ SHORT_TAUS = (3.0, 10.0, 30.0)  # FreshPER τ in iterations, set by the KL of st
 def variants() -> list[tuple[str, str]]:
     """(method, replay optimizer) pairs: every method with the shared Adam state, plus the
     optimizer controls."""
-    return ([(m, "shared") for m in REPLAY_METHODS]
+    return ([(m, "shared") for m in STUDY_METHODS]
             + [(m, o) for o in ("separate", "sgd") for m in OPTIMIZER_CONTROLS])
 
 

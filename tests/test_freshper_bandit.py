@@ -12,10 +12,11 @@ from hypothesis import strategies as st
 
 from fresh_rl.lag import fit_ess_time_constant
 from fresh_rl.replay import make_trajectory_buffer
+from fresh_rl.sweep.keys import seed_key
 from fresh_rl.tabular_bandit import (BedConfig, apply_update, ess_fraction, expected_reward,
                                      insert, kl_divergence, method_hparams,
                                      optimizer, refresh, sample_sequences, sequence_rewards,
-                                     stack_hparams)
+                                     stack_hparams, train)
 from fresh_rl.tabular_bandit.bed import _example_item
 
 T, A = 3, 4  # small enough to enumerate in NumPy
@@ -149,6 +150,27 @@ def test_freshper_with_infinite_tau_equals_per_exactly():
     # is the same elementwise op on the same value (no multiply-add left to contract differently)
     for x, y in zip(jax.tree.leaves(fresh), jax.tree.leaves(per)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_freshper_authors_is_per_authors_plus_decay_and_its_twin_is_per_authors_bitwise():
+    """``freshper_authors`` keeps the authors' PER pipeline (max-priority insert, refresh) and adds
+    the decay; its no-decay twin has ``per_authors``' settings and, in one vmapped program of the
+    bed with the same key, the same run bit for bit, while the decaying row samples younger data."""
+    rows = [method_hparams(m, 0.05, tau_fit=2.0)
+            for m in ("per_authors", "freshper_authors_no_decay", "freshper_authors")]
+    assert rows[1] == rows[0]
+    assert rows[2] == {**rows[0], "age_decay_tau": 2.0}
+    config = BedConfig(num_steps=T, num_actions=A, batch_size=8, num_iterations=24,
+                       buffer_iterations=12, log_every=8)
+    out = jax.jit(jax.vmap(train, (None, None, 0)), static_argnums=0)(
+        config, seed_key(3), stack_hparams(rows))
+    for x in jax.tree.leaves(out):
+        np.testing.assert_array_equal(np.asarray(x[1]), np.asarray(x[0]))
+    ages = np.arange(config.buffer_iterations)
+    mean_age = (np.asarray(out["sampled_age_counts"]) @ ages
+                / np.asarray(out["sampled_age_counts"]).sum(-1))
+    # τ = 2 versions in a 12-version buffer: items 6 versions old keep e^-3 of their priority
+    assert mean_age[2] < 0.8 * mean_age[0], mean_age
 
 
 @pytest.mark.parametrize("replay_optimizer, moves", [("shared", True), ("separate", False),

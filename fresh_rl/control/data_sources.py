@@ -130,7 +130,10 @@ for _source in (
         DataSource("replay_per_authors", "per_authors",
                    "fresh updates + K PER updates, new rows at max priority, sampled rows refreshed"),
         DataSource("replay_freshper", "freshper_1",
-                   "fresh updates + K updates on age-decayed priorities p·exp(−age/τ)")):
+                   "fresh updates + K updates on age-decayed priorities p·exp(−age/τ)"),
+        DataSource("replay_freshper_authors", "freshper_authors",
+                   "replay_per_authors' pipeline + the age decay p·exp(−age/τ) (FreshPER as its "
+                   "authors run it)")):
     register_data_source(_source)
 del _source
 

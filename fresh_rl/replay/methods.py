@@ -9,7 +9,13 @@ replay buffer is filled and sampled (FreshPER, arXiv 2604.16918 §3; PER, arXiv 
 * priority: ``"uniform"`` (every base priority 1), ``"given"`` (the bed's base priority, PER
   with τ = ∞), ``"authors"`` (new items at the running max priority and only sampled items
   refreshed, as the FreshPER authors' PER baseline runs), and FreshPER's age decay
-  ``p·exp(−age/τ)`` with τ = ``tau_factor`` × the measured ESS time constant τ_fit.
+  ``p·exp(−age/τ)`` with τ = ``tau_factor`` × the measured ESS time constant τ_fit. For the
+  methods with ``tau_factor`` 1 the ``tau_fit`` argument of :func:`replay_hparams` is τ itself,
+  in policy versions: a τ grid in absolute versions passes its values there.
+* ``freshper_authors`` is FreshPER as its authors run it (§3 and their code's defaults): their
+  PER pipeline (``per_authors``) plus the age decay. Its twin ``freshper_authors_no_decay`` is
+  that pipeline at τ = ∞, row for row ``per_authors``; the ``"given"``-priority FreshPER entries
+  are ablations that swap the authors' priority pipeline for the bed's base priorities.
 * ``importance``: PER importance weights with exponent β, or none (β = 0).
 * replay optimizer (``REPLAY_OPTIMIZERS``): replay updates share the fresh updates' Adam state
   (``"shared"``, as the authors), use a second Adam state (``"separate"``) or are plain SGD
@@ -92,6 +98,10 @@ REPLAY_METHODS: dict[str, ReplayMethod] = {m.name: m for m in (
     ReplayMethod("freshper_3", "replay", "given", 3.0, description="FreshPER, τ = 3 τ_fit"),
     ReplayMethod("freshper_1_no_is", "replay", "given", 1.0, importance=False,
                  description="FreshPER, τ = τ_fit, without IS weights"),
+    ReplayMethod("freshper_authors", "replay", "authors", 1.0,
+                 description="FreshPER as its authors run it: per_authors + age decay, τ = τ_fit"),
+    ReplayMethod("freshper_authors_no_decay", "replay", "authors",
+                 description="freshper_authors at τ = ∞: the same settings as per_authors"),
 )}
 
 
