@@ -23,7 +23,7 @@ from fresh_rl.llm.hparams import LLMHyperParams
 from fresh_rl.llm.model import preset
 from fresh_rl.llm.presets import WARM_START
 from fresh_rl.llm.tasks import ArithmeticTask
-from fresh_rl.llm.trainer import RLConfig
+from fresh_rl.llm.trainer import RLConfig, current_learning_rate
 from fresh_rl.llm.trainer import train_loop as sync_train_loop
 from fresh_rl.llm.warm_start import restore_params
 
@@ -330,6 +330,34 @@ def test_behaviour_route_is_the_plain_ratio_against_the_sampler(params, window):
     np.testing.assert_array_equal(history["active_token_fraction"], 1.0)
     assert history["lag/version_gap_mean"][-1] == window
     assert ap.route_costs(config, params)["extra_param_copies"] == 0
+
+
+def test_a_learning_rate_sweep_is_rows_of_one_program(params):
+    """``learning_rates`` puts one rate per row into the optimizer state of a vmapped run: the
+    rows share seed, θ0 and program, so their first batch and gradient are the same and the
+    update's size follows the rate (AdamW's first step is lr·g/(|g| + ε) entry by entry: 10×
+    the rate moves the weights ≈ 10× as far; we ask for > 3×). 8 groups of 8 episodes: with a
+    success rate of ~0.1 every group is all-fail (zero advantages, zero gradient) with
+    probability ≈ 0.9^64 ≈ 1e-3 per batch, so the gradient is non-zero on any machine."""
+    config = ap.AsyncConfig(staleness_window=0, old_logit_route="behaviour")
+    rl = dataclasses.replace(CONFIG, num_groups=8, group_size=8)
+    rates = (1e-4, 1e-3)
+    with pytest.raises(ValueError, match="learning_rates"):
+        ap.train_loop(rl, config, [0, 0], 1, params=params, env=ENV, model_config=MODEL,
+                      learning_rates=rates[:1])
+    with pytest.raises(ValueError, match="learning_rate must be finite"):
+        ap.train_loop(rl, config, [0, 0], 1, params=params, env=ENV, model_config=MODEL,
+                      learning_rates=(1e-4, -1.0))
+    state, history = ap.train_loop(rl, config, [0, 0], 1, params=params, env=ENV,
+                                   model_config=MODEL, learning_rates=rates)
+    np.testing.assert_array_equal(current_learning_rate(state.train), np.float32(rates))
+    for key in ("mean_return", "grad_norm"):
+        np.testing.assert_array_equal(history[key][0], history[key][1], err_msg=key)
+    assert history["grad_norm"][0, 0] > 0
+    moved = [sum(float(np.abs(np.asarray(p[i]) - np.asarray(p0)).sum())
+                 for p, p0 in zip(jax.tree_util.tree_leaves(state.train.params),
+                                  jax.tree_util.tree_leaves(params))) for i in range(2)]
+    assert moved[1] > 3 * moved[0] > 0, moved
 
 
 def test_registry_flags():

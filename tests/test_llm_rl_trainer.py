@@ -1,6 +1,7 @@
 """LLM policy-gradient trainer: config checks, grouping, loss / update invariants, and a short
 deterministic RL run from the committed warm-start checkpoint (tiny preset, arithmetic)."""
 import dataclasses
+import itertools
 import math
 
 import hypothesis
@@ -8,6 +9,7 @@ import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from fresh_rl.corrections import MISConfig
@@ -16,9 +18,10 @@ from fresh_rl.llm.presets import WARM_START
 from fresh_rl.llm.rollout import expert_policy, run_episodes
 from fresh_rl.llm.sampler import token_logprobs_and_entropy
 from fresh_rl.llm.tasks import ArithmeticTask, FrozenLakeTask
-from fresh_rl.llm.trainer import (Batch, RLConfig, group_prompt_match, group_reset_keys,
-                                  init_train_state, make_iteration, policy_loss,
-                                  prompt_pool_keys, train_loop, update)
+from fresh_rl.llm.trainer import (Batch, RLConfig, current_learning_rate, group_prompt_match,
+                                  group_reset_keys, init_train_state, make_iteration,
+                                  make_optimizer, policy_loss, program_config, prompt_pool_keys,
+                                  train_loop, update, with_learning_rate)
 from fresh_rl.llm.warm_start import restore_params
 
 MODEL = preset("tiny")
@@ -238,7 +241,7 @@ def test_decoupled_with_old_equal_sampler_equals_ppo_clip(params, expert_batch):
     # weights are θ0 − lr·d(its moments) to float32 rounding, and the runs differ by ≤ lr·|Δd|
     assert int(new_p.step) == int(new_d.step) == 1 and CONFIG.weight_decay == 0.0
     lr = CONFIG.learning_rate
-    adam_p, adam_d = new_p.opt_state[1][0], new_d.opt_state[1][0]
+    adam_p, adam_d = new_p.opt_state[1].inner_state[0], new_d.opt_state[1].inner_state[0]
     for theta0, a, b, mu_p, nu_p, mu_d, nu_d in zip(
             _leaves(state.params), _leaves(new_p.params), _leaves(new_d.params),
             _leaves(adam_p.mu), _leaves(adam_p.nu), _leaves(adam_d.mu), _leaves(adam_d.nu)):
@@ -325,6 +328,64 @@ def test_the_iteration_consumes_its_state_and_never_the_callers_params(short_run
     assert all(x.is_deleted() for x in jax.tree_util.tree_leaves(state))
     assert int(new_state.step) == CONFIG.epochs * CONFIG.minibatches
     assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(params))
+
+
+def test_the_optimizer_is_plain_adamw_bit_for_bit():
+    """make_optimizer's AdamW reads its learning rate from the state; every other argument is a
+    constant, so three steps make the same float32 operations in the same order as a plain
+    ``chain(clip_by_global_norm, adamw)``, the learning rate a runtime scalar of the same value
+    instead of a literal: equal bit for bit. A non-zero weight decay exercises every term."""
+    config = RLConfig(num_groups=2, group_size=4, learning_rate=3e-4, weight_decay=0.01)
+    plain = optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
+                        optax.adamw(config.learning_rate, weight_decay=config.weight_decay))
+    rng = np.random.default_rng(0)
+    params = {"w": jnp.asarray(rng.normal(size=(64, 8)), jnp.float32),
+              "b": jnp.asarray(rng.normal(size=8), jnp.float32)}
+    grads = [jax.tree_util.tree_map(lambda x: jnp.asarray(rng.normal(size=x.shape), jnp.float32), params)
+             for _ in range(3)]
+
+    @jax.jit
+    def run(params):
+        out = []
+        for opt in (plain, make_optimizer(config)):
+            p, state = params, opt.init(params)
+            for g in grads:
+                updates, state = opt.update(g, state, p)
+                p = optax.apply_updates(p, updates)
+            out.append(p)
+        return out
+
+    ours, reference = run(params)[::-1]
+    for a, b in zip(_leaves(ours), _leaves(reference)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_learning_rate_grid_is_one_program(short_run, params, expert_batch):
+    """Configs that differ only in the learning rate share one compiled iteration: the rate is a
+    leaf of the optimizer state. Three rates through the program ``short_run`` compiled: one
+    cache entry and each state carries its config's rate. The rate is really used: one jitted
+    update of the expert batch (non-zero advantages) from three states of different rates is
+    one program whose three results differ."""
+    rates = (1e-4, 3e-4, 1e-3)
+    configs = [dataclasses.replace(CONFIG, learning_rate=lr) for lr in rates]
+    step = make_iteration(CONFIG, ENV, MODEL)
+    assert {id(make_iteration(c, ENV, MODEL)) for c in configs} == {id(step)}
+    for config, lr in zip(configs, rates):
+        state, _ = step(init_train_state(config, params), jax.random.PRNGKey(5))
+        assert float(current_learning_rate(state)) == np.float32(lr)
+    assert step._cache_size() == 1
+    _, batch = expert_batch
+    one_update = jax.jit(lambda state: update(state, batch, jax.random.PRNGKey(0),
+                                              config=program_config(CONFIG), model_config=MODEL))
+    finals = [_leaves(one_update(init_train_state(c, params))[0].params) for c in configs]
+    assert one_update._cache_size() == 1
+    for a, b in itertools.combinations(finals, 2):
+        assert any(not np.array_equal(x, y) for x, y in zip(a, b))
+    # with_learning_rate sets a state's rate; bad values are refused naming the field
+    state = with_learning_rate(init_train_state(CONFIG, params), 2e-4)
+    assert float(current_learning_rate(state)) == np.float32(2e-4)
+    with pytest.raises(ValueError, match="learning_rate"):
+        with_learning_rate(state, 0.0)
 
 
 def test_compute_advantages_dispatch():

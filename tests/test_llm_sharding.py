@@ -145,14 +145,15 @@ def test_sharded_iteration_equals_the_unsharded_iteration(eight_devices):
     assert plain.keys() == sharded.keys() and len(plain) > 40
     start = _flat(restore_params(WARM_START, MODEL))
     lr = CONFIG.learning_rate
-    count = int(plain["[0].opt_state[1][0].count"])
-    assert count == 1 and int(sharded["[0].opt_state[1][0].count"]) == 1
+    count = int(plain["[0].opt_state[1].inner_state[0].count"])
+    assert count == 1 and int(sharded["[0].opt_state[1].inner_state[0].count"]) == 1
     assert CONFIG.weight_decay == 0.0  # (2) has no decay term
     moved = 0
     for name, value in plain.items():
         if name.startswith("[0].params"):
             leaf = name[len("[0].params"):]
-            mu, nu = f"[0].opt_state[1][0].mu{leaf}", f"[0].opt_state[1][0].nu{leaf}"
+            adam = "[0].opt_state[1].inner_state[0]"
+            mu, nu = f"{adam}.mu{leaf}", f"{adam}.nu{leaf}"
             theta0 = start[leaf].astype(np.float64)
             # float32 evaluation of d (≤ 4 roundings, |d| ≤ 1), of lr·d and of θ + update: ≤ 6u·lr
             # plus half an ulp of the result; we allow twice that.
@@ -220,11 +221,12 @@ def test_optimizer_state_and_version_ring_follow_the_parameter_specs():
                                             is_leaf=lambda x: isinstance(x, P)))
     assert _flat(jax.tree_util.tree_map(repr, specs.train.params,
                                         is_leaf=lambda x: isinstance(x, P))) == by_param
-    adam = specs.train.opt_state[1][0]  # chain(clip, adamw): adamw's scale_by_adam state
+    # chain(clip, inject_hyperparams(adamw)): adamw's scale_by_adam state and its learning rate
+    adam = specs.train.opt_state[1].inner_state[0]
     for moment in (adam.mu, adam.nu):
         assert _flat(jax.tree_util.tree_map(repr, moment,
                                             is_leaf=lambda x: isinstance(x, P))) == by_param
-    assert adam.count == P()
+    assert adam.count == P() and specs.train.opt_state[1].hyperparams["learning_rate"] == P()
     ring = specs.ring.params["layers"]["self_attn"]["q_proj"]["kernel"]
     assert ring == P(None, None, "fsdp", "tensor")  # [K, L, H, heads·D]: ring and layer unsplit
     assert specs.ring.versions == P(None) and specs.train.step == P()

@@ -58,7 +58,8 @@ from fresh_rl.llm.tasks.vocab import check_model_vocab
 from fresh_rl.llm.sampler import generate, join_prompt_and_generation
 from fresh_rl.llm.trainer import (Batch, RLConfig, TrainState, batch_metrics, cached_build,
                                   group_reset_keys, init_train_state, loop_keys, owned_copy,
-                                  prepare_batch, sampling_config, stack_rows, update)
+                                  prepare_batch, program_config, sampling_config, stack_rows,
+                                  update, with_learning_rate)
 from fresh_rl.sweep.loop import run_loop
 from fresh_rl.validation import require_choice, require_in_range, require_int
 
@@ -377,6 +378,7 @@ def make_iteration(config: RLConfig, async_config: AsyncConfig, env, model_confi
     ``AsyncConfig.old_logit_route``) for a loss × route pair that does not fit
     (:func:`fresh_rl.llm.policy_losses.check_route`)."""
     check_route(config.loss, async_config.old_logit_route)
+    config = program_config(config)  # the learning rate is read from the state
 
     def build():
         fn = lambda state, key: iteration(state, key, config=config,  # noqa: E731
@@ -390,7 +392,8 @@ def make_iteration(config: RLConfig, async_config: AsyncConfig, env, model_confi
 def train_loop(config: RLConfig, async_config: AsyncConfig, seeds, num_iterations: int, *,
                params, env, model_config: Qwen2Config, window: Optional[int] = None,
                hparams: Optional[LLMHyperParams] = None, state: Optional[AsyncState] = None,
-               log=None, checkpointer=None, checkpoint_every: Optional[int] = None):
+               learning_rates=None, log=None, checkpointer=None,
+               checkpoint_every: Optional[int] = None):
     """Runs ``num_iterations`` iterations from ``params`` (or ``state``) through the one host
     loop :func:`fresh_rl.sweep.run_loop`.
 
@@ -399,6 +402,9 @@ def train_loop(config: RLConfig, async_config: AsyncConfig, seeds, num_iteration
     (:func:`fresh_rl.llm.trainer.loop_keys`: the project's key schedule). ``hparams``: the
     run's :class:`LLMHyperParams` (default from ``async_config`` with ``window``), unbatched
     (the same for every row) or with a leading axis of S (one value per row: a sweep).
+    ``learning_rates``: ``None`` (``config.learning_rate``) or one value per row, S of them (a
+    learning-rate sweep in the same program: the rate is a leaf of the optimizer state,
+    :func:`fresh_rl.llm.trainer.with_learning_rate`); only for a fresh state.
     Logging and checkpoint/resume of the whole state: :func:`fresh_rl.sweep.run_loop`.
     """
     key_loop, num_seeds = loop_keys(seeds)
@@ -416,6 +422,14 @@ def train_loop(config: RLConfig, async_config: AsyncConfig, seeds, num_iteration
             state = state.replace(hparams=jax.device_put(owned_copy(hparams),
                                                          jax.tree_util.tree_leaves(
                                                              state.hparams)[0].sharding))
+        if learning_rates is not None:
+            rates = np.asarray(learning_rates, np.float64)
+            if num_seeds is None or rates.shape != (num_seeds,):
+                raise ValueError(f"learning_rates must hold one value per row ({num_seeds} rows "
+                                 f"from seeds), got shape {rates.shape}")
+            state = state.replace(train=with_learning_rate(state.train, rates))
+    elif learning_rates is not None:
+        raise ValueError("learning_rates sets a fresh state's rates; a passed state keeps its own")
     return run_loop(step_fn, state, key_loop, num_iterations, checkpointer=checkpointer,
                     checkpoint_every=checkpoint_every, log=log)
 

@@ -73,7 +73,7 @@ from fresh_rl.llm.model import Qwen2Config
 from fresh_rl.llm.policy_losses import check_route
 from fresh_rl.llm.sampler import token_logprobs_and_entropy
 from fresh_rl.llm.trainer import (Batch, RLConfig, cached_build, compute_advantages,
-                                  loop_keys, owned_copy, stack_rows, update)
+                                  loop_keys, owned_copy, program_config, stack_rows, update)
 from fresh_rl.replay import ReplayConfig, ReplayState, make_trajectory_buffer
 from fresh_rl.sweep.loop import run_loop
 from fresh_rl.validation import require_choice, require_in_range, require_int
@@ -403,6 +403,7 @@ def make_iteration(config: RLConfig, async_config: ap.AsyncConfig,
     :func:`fresh_rl.llm.policy_losses.check_route`)."""
     check_compatible(config, replay_config)
     check_route(config.loss, async_config.old_logit_route)
+    config = program_config(config)  # the learning rate is read from the state
 
     def build():
         fn = lambda state, key: iteration(state, key, config=config,  # noqa: E731

@@ -32,6 +32,7 @@ Determinism: everything derives from the run's seed (:func:`train_loop`, :func:`
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from typing import Any, Optional
 
@@ -253,10 +254,49 @@ class Batch:
     proxy_alpha: Optional[jax.Array] = None
 
 
+# every argument of optax.adamw but the learning rate stays a Python constant of the program
+_ADAMW_STATIC_ARGS = tuple(n for n in inspect.signature(optax.adamw).parameters
+                           if n != "learning_rate")
+
+
 def make_optimizer(config: RLConfig) -> optax.GradientTransformation:
-    """Global-norm clip then AdamW at a constant learning rate."""
+    """Global-norm clip then AdamW at a constant learning rate. The learning rate is a leaf of
+    the optimizer state (``optax.inject_hyperparams``; ``config.learning_rate`` is its initial
+    value), so runs that differ only in it share one compiled iteration (:func:`program_config`)
+    and an lr grid can be a row axis of the state. The other AdamW arguments stay constants:
+    the update is the one a plain ``optax.adamw`` makes, bit for bit (tested)."""
+    adamw = optax.inject_hyperparams(optax.adamw, static_args=_ADAMW_STATIC_ARGS)
     return optax.chain(optax.clip_by_global_norm(config.max_grad_norm),
-                       optax.adamw(config.learning_rate, weight_decay=config.weight_decay))
+                       adamw(learning_rate=config.learning_rate, weight_decay=config.weight_decay))
+
+
+def program_config(config: RLConfig) -> RLConfig:
+    """``config`` with the learning rate at its default. A compiled iteration reads the learning
+    rate from the optimizer state (:func:`init_train_state` puts ``config.learning_rate`` there),
+    never from the config, so the iteration builders key their programs on this: configs that
+    differ only in the learning rate get one program."""
+    return dataclasses.replace(config, learning_rate=RLConfig.learning_rate)
+
+
+def current_learning_rate(state: TrainState) -> jax.Array:
+    """The learning rate the next update of ``state`` uses (any leading row axes kept)."""
+    return state.opt_state[1].hyperparams["learning_rate"]
+
+
+def with_learning_rate(state: TrainState, learning_rate) -> TrainState:
+    """``state`` whose next updates use ``learning_rate``: a scalar, or one value per row of a
+    state with a leading row axis (an lr grid in one program). ``ValueError`` for a concrete
+    value that is not finite and > 0."""
+    current = current_learning_rate(state)
+    value = jnp.broadcast_to(jnp.asarray(learning_rate, current.dtype), current.shape)
+    if not isinstance(value, jax.core.Tracer):
+        host = np.asarray(value)
+        if not np.all(np.isfinite(host) & (host > 0)):
+            raise ValueError(f"learning_rate must be finite and > 0, got {host}")
+        value = jax.device_put(value, current.sharding)  # where the state's leaf lives
+    hyper = {**state.opt_state[1].hyperparams, "learning_rate": value}
+    adamw = state.opt_state[1]._replace(hyperparams=hyper)
+    return state.replace(opt_state=(state.opt_state[0], adamw, *state.opt_state[2:]))
 
 
 def owned_copy(tree):
@@ -505,7 +545,9 @@ def make_iteration(config: RLConfig, env, model_config: Qwen2Config):
     """Jitted ``(state, key) -> (state, metrics)`` of one full iteration, cached per
     ``(config, env, model_config)`` (:func:`cached_build`). The state argument is donated:
     the new state reuses its buffers and the passed state is consumed (deleted), so call it
-    as ``state, metrics = step(state, key)``."""
+    as ``state, metrics = step(state, key)``. The learning rate comes from the state
+    (:func:`program_config`)."""
+    config = program_config(config)
     return cached_build(("sync", config, env, model_config), lambda: jax.jit(
         lambda state, key: iteration(state, key, config=config, env=env,
                                      model_config=model_config), donate_argnums=0))
@@ -558,8 +600,7 @@ def train_loop(config: RLConfig, seed, num_iterations: int, *, params, env,
 
 __all__ = ["Batch", "COMPUTE_DTYPES", "RLConfig", "TrainState", "batch_metrics",
            "cached_build", "collect", "compute_advantages", "group_prompt_match",
-           "group_reset_keys", "init_train_state", "iteration",
+           "current_learning_rate", "group_reset_keys", "init_train_state", "iteration",
            "loop_keys", "loss_terms", "make_iteration", "make_optimizer", "minibatch_gradient",
-           "owned_copy",
-           "policy_logprobs", "policy_loss", "prepare_batch",
-           "sampling_config", "stack_rows", "train_loop", "update"]
+           "owned_copy", "policy_logprobs", "policy_loss", "prepare_batch", "program_config",
+           "sampling_config", "stack_rows", "train_loop", "update", "with_learning_rate"]
