@@ -224,3 +224,29 @@ def test_notebook_02_vaco_under_lag(run_notebook, ci_run):
     printed = "".join(o.get("text", "") for c in notebook.cells if c.cell_type == "code"
                       for o in c.get("outputs", []))
     assert "ppo_clip" in printed and "vaco" in printed
+
+
+def test_regime_diagnosis_measures_the_committed_runs(tmp_path):
+    """``experiments/vaco_regime.py`` on a copy of the committed CartPole PPO-clip runs: with a
+    fixed lag L the actors act with θ0 at iterations 0 … L, so the θ0 share is (L + 1)/N and the
+    mean version age Σ_k min(k, L)/N exactly (the saved gaps are integers at a fixed lag)."""
+    import shutil
+    (tmp_path / "runs").mkdir()
+    saved = ROOT / "results" / "vaco" / "runs" / "CartPole-v1__ppo_clip.npz"
+    shutil.copy(saved, tmp_path / "runs" / saved.name)
+    subprocess.run([sys.executable, str(ROOT / "experiments" / "vaco_regime.py"), "--out", str(tmp_path)],
+                   check=True, capture_output=True, text=True, timeout=600,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    with open(tmp_path / "regime.csv") as f:
+        rows = {r["lag"]: r for r in csv.DictReader(f)}
+    with np.load(saved) as data:
+        lags = [int(x) for x in data["lags"] if x >= 0]
+        iterations = data["episode_return"].shape[-1]
+    assert lags and set(map(str, lags)) <= set(rows) and "mixture" in rows
+    for lag in lags:
+        row = rows[str(lag)]
+        assert int(row["versions"]) == iterations
+        assert float(row["theta0_share"]) == round((lag + 1) / iterations, 3)
+        expected_age = np.minimum(np.arange(iterations), lag).mean()
+        assert float(row["mean_version_age"]) == round(expected_age, 2)
+    assert (tmp_path / "regime.png").stat().st_size > 0 and "PPO-clip" in (tmp_path / "regime.md").read_text()
