@@ -1,28 +1,36 @@
-"""FreshPER on an exact stale-buffer test bed: on-policy vs replay methods where staleness bites.
+"""FreshPER as its authors run it, on an exact stale-buffer test bed, with τ in absolute versions.
 
 The bed (:mod:`fresh_rl.tabular_bandit`) is a tabular softmax policy over 4-token sequences of
-8 actions with a graded sparse reward, so expected reward, KL(β‖π) and ESS/n of every stored
-behaviour policy are exact. Two stages, each one vmapped program over a
-``fresh_rl.sweep.product_grid``, run by ``fresh_rl.sweep.run_sharded`` in chunks saved as they
+8 actions with a graded sparse reward, so expected reward J, KL(β‖π) and ESS/n of every stored
+behaviour policy are exact. Three stages, each one vmapped program over a
+``fresh_rl.sweep.product_grid`` run by ``fresh_rl.sweep.run_sharded`` in chunks saved as they
 finish (a rerun skips the saved chunks; ``--fresh`` recomputes):
 
-1. *drift pilot*: on-policy runs at every learning rate of the shared grid; the exact ESS/n of
-   the behaviour policy of age a against the learner, averaged over seeds and snapshots, is
-   fitted by ``exp(−a/τ_fit)`` (one τ_fit per learning rate);
-2. *study*: every method of ``fresh_rl.replay.methods.REPLAY_METHODS`` × the same
-   learning-rate grid × seeds (FreshPER's τ = {0.3, 1, 3} × τ_fit of that learning rate). No method is tuned
-   alone: all share the grid and each is reported at every learning rate and at its best one.
+1. *drift pilot* (tuning seeds): on-policy runs at every learning rate; the exact ESS/n of the
+   behaviour policy of age a against the learner, of whole-sequence (trajectory) weights and of
+   per-step weights, averaged over seeds and learning-phase snapshots, each fitted by
+   ``exp(−a/τ)``: two τ_ESS per learning rate, reported beside the τ grid;
+2. *tuning* (seeds 0 … n_tune − 1): every arm × the same learning-rate grid; each arm keeps the
+   rate with the best mean J over the run (every arm gets a grid of the same size);
+3. *scoring* (the next n_score seeds): every arm at its tuned rate.
 
-Outputs (``results/freshper_bandit/``): ``runs.csv`` (one row per run), ``final.csv`` (exact final
-and mean expected reward per method and learning rate with 95% Student-t intervals over
-seeds), ``ess_vs_age.csv`` and ``ess_kl_vs_age.png`` (exact ESS/n and KL against age, fit),
-``sampled_age.csv`` and ``sampled_age.png``, ``score_vs_tau.csv`` and ``score_vs_tau.png``,
-``final_scores.png``, and ``README.md`` (the claims are decided by experiments/verdicts.py into
+Arms: on-policy (1 update per batch), on-policy with 1 + K epochs (matched updates), uniform
+replay, the authors' PER (``per_authors``: new items at max priority, sampled items refreshed;
+τ = ∞) and FreshPER as its authors run it (``freshper_authors``: that pipeline plus the decay
+p·exp(−age/τ)) at every τ of the grid, in versions. Replay updates use an Adam state of their
+own (``replay_optimizer="separate"``), so the data replayed is not confounded with the momentum
+of the fresh updates. The buffer spans ≥ 10 × the largest finite τ and the runs fill it.
+
+Outputs (``results/freshper_bandit/``): ``runs.csv`` (one row per scoring run), ``tuning.csv``
+(mean over tuning seeds per arm and learning rate, the picked one marked), ``ess_vs_age.csv`` and
+``ess_vs_age.png`` (exact trajectory and per-step ESS/n and KL against age, with the fits),
+``sampled_age.csv``, ``score_vs_tau.{csv,png}``, ``config.json`` and ``README.md`` (the claims,
+experiments/claims/freshper_bandit.toml, are decided by experiments/verdicts.py into
 results/VERDICTS.md).
 
     python experiments/freshper_bandit.py --scale ci    # seconds of running, the tests
-    python experiments/freshper_bandit.py --scale cpu   # the committed results, 10 seeds
-    python experiments/freshper_bandit.py --scale paper # 30 seeds, longer runs (accelerator)
+    python experiments/freshper_bandit.py --scale cpu   # the committed results
+    python experiments/freshper_bandit.py --scale paper # 10 + 30 seeds, longer runs (accelerator)
 """
 from __future__ import annotations
 
@@ -38,315 +46,301 @@ from pathlib import Path
 import numpy as np
 
 from fresh_rl.eval import seed_interval
+from fresh_rl.lag import fit_ess_time_constant
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
-from fresh_rl.replay.methods import REPLAY_METHODS
 from fresh_rl.sweep import RunCheckpointer, output_lock, product_grid, run_sharded
 from fresh_rl.sweep.study_cli import study_main
-from fresh_rl.lag import fit_ess_time_constant
 from fresh_rl.tabular_bandit import BedConfig, method_hparams, stack_hparams, train
 
-# The study's arms, as when its runs were committed (the registry may grow past them).
-METHODS = {n: REPLAY_METHODS[n] for n in (
-    "onpolicy", "onpolicy_epochs", "uniform", "per_authors", "per_given", "freshper_0.3",
-    "freshper_1", "freshper_3", "freshper_1_no_is")}
-
 RESULTS = REPOSITORY_ROOT / "results" / "freshper_bandit"
+LEARNING_PHASE_REWARD = 0.9  # τ_ESS uses the snapshots where on-policy J < 0.9 (our choice)
+CONTROLS = ("onpolicy", "onpolicy_epochs", "uniform", "per_authors")
 
 
 @dataclasses.dataclass(frozen=True)
 class Scale:
     bed: BedConfig
-    num_seeds: int
     learning_rates: tuple[float, ...]
+    tuning_seeds: int
+    scoring_seeds: int
+    taus: tuple[float, ...]
 
 
 SCALES = {
     "ci": Scale(BedConfig(batch_size=16, num_iterations=40, extra_updates=2, buffer_iterations=32,
-                          log_every=10), 2, (0.03,)),
-    "cpu": Scale(BedConfig(batch_size=32, num_iterations=400, extra_updates=2,
-                           buffer_iterations=512, log_every=10), 10, (0.01, 0.03, 0.1, 0.3)),
-    "paper": Scale(BedConfig(batch_size=64, num_iterations=2000, extra_updates=2,
-                             buffer_iterations=2048, log_every=50), 30,
-                   (0.003, 0.01, 0.03, 0.1, 0.3)),
+                          log_every=10), (0.03, 0.1), 1, 2, (1.0, 3.0)),
+    "cpu": Scale(BedConfig(batch_size=32, num_iterations=1200, extra_updates=2,
+                           buffer_iterations=1000, log_every=20), (0.001, 0.003, 0.01), 5, 10,
+                 (1.0, 3.0, 10.0, 30.0, 100.0)),
+    "paper": Scale(BedConfig(batch_size=64, num_iterations=3000, extra_updates=2,
+                             buffer_iterations=2000, log_every=50), (0.001, 0.003, 0.01), 10, 30,
+                   (1.0, 3.0, 10.0, 30.0, 100.0)),
 }
-KEEP = ("expected_reward", "extra_update_cosine", "ess_by_age", "kl_by_age", "sampled_age_counts",
-        "num_updates", "adam_count")
-LEARNING_PHASE_REWARD = 0.9  # τ_fit uses the snapshots where on-policy J < 0.9 (our choice)
+PILOT_KEEP = ("expected_reward", "ess_by_age", "ess_step_by_age", "kl_by_age")
+RUN_KEEP = ("expected_reward", "extra_update_cosine", "sampled_age_counts", "num_updates",
+            "adam_count")
 
 
-def _run_grid(bed: BedConfig, grid, rows, directory: Path, fingerprint: str, chunk: int):
-    """``train`` over the grid rows, chunk by chunk, every chunk saved under ``directory``."""
-    fn = functools.partial(_train_kept, bed)
+def arms(scale: Scale) -> dict[str, tuple[str, float]]:
+    """Arm name → (registry method, τ in versions; ∞ for the arms without decay)."""
+    out = {name: (name, math.inf) for name in CONTROLS}
+    out.update({f"freshper_authors_tau{tau:g}": ("freshper_authors", tau) for tau in scale.taus})
+    return out
+
+
+def _hparams(method: str, tau: float, learning_rate: float) -> dict:
+    # freshper_authors' τ factor is 1: its tau_fit argument is τ itself (fresh_rl.replay.methods)
+    return method_hparams(method, learning_rate, tau, replay_optimizer="separate")
+
+
+def _train_kept(bed, keep, key, hp):
+    out = train(bed, key, hp)
+    return {k: out[k] for k in keep}
+
+
+def _run_grid(bed, keep, grid, rows, directory: Path, fingerprint: str, chunk: int):
+    """``train`` over the grid rows, chunk by chunk, every chunk saved under ``directory``;
+    returns the outputs and the wall time of the invocation that finished the stage."""
     digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:10]  # new settings, new folder
     folder = directory.with_name(f"{directory.name}-{digest}")
-    timing = folder.with_name(folder.name + ".seconds")  # wall time of the run that finished it
+    timing = folder.with_name(folder.name + ".seconds")
     started = time.perf_counter()
-    out = run_sharded(fn, grid.keys, stack_hparams(rows), chunk_size=chunk,
-                      checkpointer=RunCheckpointer(folder, fingerprint=fingerprint))
+    out = run_sharded(functools.partial(_train_kept, bed, keep), grid.keys, stack_hparams(rows),
+                      chunk_size=chunk, checkpointer=RunCheckpointer(folder, fingerprint=fingerprint))
     if not timing.exists():
         timing.write_text(f"{time.perf_counter() - started:.1f}\n")
-    return out, float(timing.read_text())
+    return {k: np.asarray(v) for k, v in out.items()}, float(timing.read_text())
 
 
-def _train_kept(bed, key, hp):
-    out = train(bed, key, hp)
-    return {k: out[k] for k in KEEP}
-
-
-def drift_pilot(scale: Scale, out_dir: Path, seed: int):
-    """On-policy runs per learning rate → exact ESS/KL by age and τ_fit per learning rate.
-
-    The policy stops drifting once it has converged (ESS/n → 1 at every age), so ESS/n is
-    averaged over seeds and over the snapshots of the *learning phase* only: those where the
-    seed-mean on-policy J is below ``LEARNING_PHASE_REWARD`` (all snapshots if none is)."""
-    bed, lrs = scale.bed, scale.learning_rates
-    grid = product_grid(scale.num_seeds, seed, learning_rate=lrs)
-    rows = [method_hparams("onpolicy", r["learning_rate"]) for r in grid.rows]
-    chunk = scale.num_seeds * len(lrs)
-    out, seconds = _run_grid(bed, grid, rows, out_dir / "runs" / "pilot",
-                             f"pilot {bed!r} seeds={scale.num_seeds}@{seed} lrs={lrs}", chunk)
-    reached = np.asarray(out["ess_by_age"]) >= 0  # −1: age not reached at that snapshot
-    ess = np.where(reached, out["ess_by_age"], np.nan).reshape(
-        len(lrs), scale.num_seeds, -1, bed.buffer_iterations)
-    kl = np.where(reached, out["kl_by_age"], np.nan).reshape(ess.shape)
-    snapshot_j = np.asarray(out["expected_reward"]).reshape(len(lrs), scale.num_seeds, -1)[
-        ..., bed.log_every - 1::bed.log_every].mean(1)  # [lrs, snapshots]
+def drift_pilot(scale: Scale, out_dir: Path, seed: int) -> dict:
+    """On-policy runs per learning rate on the tuning seeds → exact trajectory and per-step
+    ESS/n and KL by age, averaged over seeds and the learning-phase snapshots (seed-mean
+    on-policy J below ``LEARNING_PHASE_REWARD``; all snapshots if none is), and their τ fits."""
+    bed, lrs, n = scale.bed, scale.learning_rates, scale.tuning_seeds
+    grid = product_grid(n, seed, learning_rate=lrs)
+    rows = [_hparams("onpolicy", math.inf, r["learning_rate"]) for r in grid.rows]
+    out, seconds = _run_grid(bed, PILOT_KEEP, grid, rows, out_dir / "runs" / "pilot",
+                             f"pilot {bed!r} seeds={n}@{seed} lrs={lrs}", n * len(lrs))
     ages = np.arange(bed.buffer_iterations)
+    snapshot_j = out["expected_reward"].reshape(len(lrs), n, -1)[
+        ..., bed.log_every - 1::bed.log_every].mean(1)  # [lrs, snapshots]
     drift = {}
     for i, lr in enumerate(lrs):
         learning = snapshot_j[i] < LEARNING_PHASE_REWARD
         learning = learning if learning.any() else np.ones_like(learning)
-        with np.errstate(all="ignore"):
-            ess_mean = np.nanmean(ess[i][:, learning], axis=(0, 1))
-            kl_mean = np.nanmean(kl[i][:, learning], axis=(0, 1))
-        drift[lr] = {"ess": ess_mean, "kl": kl_mean,
-                     "tau_fit": fit_ess_time_constant(ages, ess_mean),
-                     "learning_snapshots": int(learning.sum()),
-                     "snapshots": int(learning.size), "stage_seconds": seconds}
-    return drift
+        curves = {}
+        for name in ("ess", "ess_step", "kl"):
+            x = out[f"{name}_by_age"].reshape(len(lrs), n, -1, bed.buffer_iterations)[i]
+            with np.errstate(all="ignore"):  # −1: an age not reached yet at that snapshot
+                curves[name] = np.nanmean(np.where(x >= 0, x, np.nan)[:, learning], axis=(0, 1))
+        drift[lr] = {**curves, "tau_trajectory": fit_ess_time_constant(ages, curves["ess"]),
+                     "tau_step": fit_ess_time_constant(ages, curves["ess_step"]),
+                     "learning_snapshots": int(learning.sum()), "snapshots": int(learning.size)}
+    return {"by_lr": drift, "seconds": seconds}
 
 
-def study(scale: Scale, drift: dict, out_dir: Path, seed: int, log=print):
-    bed, lrs = scale.bed, scale.learning_rates
-    grid = product_grid(scale.num_seeds, seed, method=list(METHODS), learning_rate=lrs)
-    rows = [method_hparams(r["method"], r["learning_rate"], drift[r["learning_rate"]]["tau_fit"])
-            for r in grid.rows]
-    taus = {lr: drift[lr]["tau_fit"] for lr in lrs}
-    log(f"study: {grid.size} runs ({len(METHODS)} methods x {len(lrs)} lrs x {scale.num_seeds} "
-        f"seeds), tau_fit={taus}")
-    out, seconds = _run_grid(
-        bed, grid, rows, out_dir / "runs" / "study",
-        f"study {bed!r} seeds={scale.num_seeds}@{seed} lrs={lrs} tau_fit={taus}",
-        scale.num_seeds * len(lrs))
-    shape = (len(METHODS), len(lrs), scale.num_seeds)
-    data = {k: np.asarray(v).reshape(*shape, *np.shape(v)[1:]) for k, v in out.items()}
-    return grid, rows, data, seconds
+def tune(scale: Scale, out_dir: Path, seed: int, log=print):
+    """Every arm × learning rate on the tuning seeds; returns the per-run outputs, the grid and
+    the picked rate per arm (best seed-mean J over the run)."""
+    bed, lrs, n, named = scale.bed, scale.learning_rates, scale.tuning_seeds, arms(scale)
+    grid = product_grid(n, seed, arm=list(named), learning_rate=lrs)
+    rows = [_hparams(*named[r["arm"]], r["learning_rate"]) for r in grid.rows]
+    log(f"tuning: {grid.size} runs ({len(named)} arms x {len(lrs)} lrs x {n} seeds)")
+    out, seconds = _run_grid(bed, RUN_KEEP, grid, rows, out_dir / "runs" / "tuning",
+                             f"tuning {bed!r} seeds={n}@{seed} lrs={lrs} arms={named}", n * len(lrs))
+    mean_j = out["expected_reward"].mean(-1).reshape(len(named), len(lrs), n).mean(-1)
+    picked = {arm: lrs[int(np.argmax(mean_j[a]))] for a, arm in enumerate(named)}
+    return {"mean_j": mean_j, "picked": picked, "seconds": seconds}
 
 
-def _interval(values):
-    mean, low, high = seed_interval(np.asarray(values))
-    return float(mean), float(low), float(high)
+def score(scale: Scale, picked: dict, out_dir: Path, seed: int, log=print):
+    """Every arm at its tuned learning rate on the scoring seeds (disjoint from the tuning ones)."""
+    bed, n, named = scale.bed, scale.scoring_seeds, arms(scale)
+    grid = product_grid(n, seed + scale.tuning_seeds, arm=list(named))
+    rows = [_hparams(*named[r["arm"]], picked[r["arm"]]) for r in grid.rows]
+    log(f"scoring: {grid.size} runs ({len(named)} arms x {n} seeds) at the tuned rates {picked}")
+    out, seconds = _run_grid(bed, RUN_KEEP, grid, rows, out_dir / "runs" / "scoring",
+                             f"scoring {bed!r} seeds={n}@{seed + scale.tuning_seeds} picked={picked}", n)
+    return grid, out, seconds
 
 
-def summarize(scale: Scale, drift, grid, rows, data, out_dir: Path, header: dict) -> str:
+def _interval(values) -> tuple[float, float, float]:
+    return tuple(float(x) for x in seed_interval(np.asarray(values)))
+
+
+def _on_grid(tau: float, taus) -> str:
+    """Where ``tau`` falls on the grid: "= 10", "between 10 and 30", "above 100", "below 1"."""
+    if tau in taus:
+        return f"(= {tau:g}, on the grid)"
+    if tau > max(taus):
+        return f"(above the largest finite τ, {max(taus):g})"
+    if tau < min(taus):
+        return f"(below the smallest τ, {min(taus):g})"
+    low = max(t for t in taus if t < tau)
+    return f"(between {low:g} and {min(t for t in taus if t > tau):g})"
+
+
+def _mean_age(counts) -> float:
+    counts = np.asarray(counts, np.float64)
+    return float((counts * np.arange(counts.shape[-1])).sum() / max(counts.sum(), 1))
+
+
+def write_outputs(scale: Scale, pilot: dict, tuning: dict, grid, out, out_dir: Path, header: dict) -> str:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    bed, lrs, names = scale.bed, scale.learning_rates, list(METHODS)
-    final = data["expected_reward"][..., -1]  # [M, L, S] exact J after the last iteration
-    mean_j = data["expected_reward"].mean(-1)
-    ages = np.arange(bed.buffer_iterations)
-
-    run_rows = []
-    for r, hp in zip(grid.rows, rows):
-        m, li, s = names.index(r["method"]), lrs.index(r["learning_rate"]), r["seed"] - grid.rows[0]["seed"]
-        counts = data["sampled_age_counts"][m, li, s]
-        run_rows.append({"method": r["method"], "learning_rate": r["learning_rate"], "seed": r["seed"],
-                         "age_decay_tau": hp["age_decay_tau"],
-                         "final_expected_reward": float(final[m, li, s]),
-                         "mean_expected_reward": float(mean_j[m, li, s]),
-                         "extra_update_cosine": float(data["extra_update_cosine"][m, li, s].mean()),
-                         "mean_sampled_age": float((counts * ages).sum() / max(counts.sum(), 1)),
-                         "num_updates": int(data["num_updates"][m, li, s]),
-                         "adam_count": int(data["adam_count"][m, li, s])})
-    write_csv(out_dir / "runs.csv", run_rows)
-
-    table = {}
-    for m, name in enumerate(names):
-        for li, lr in enumerate(lrs):
-            f, fl, fh = _interval(final[m, li])
-            a, al, ah = _interval(mean_j[m, li])
-            table[name, lr] = {"method": name, "learning_rate": lr, "seeds": scale.num_seeds,
-                               "final": f, "final_low": fl, "final_high": fh,
-                               "mean": a, "mean_low": al, "mean_high": ah}
-    best_lr = {n: max(lrs, key=lambda lr: table[n, lr]["final"]) for n in names}
-    for n in names:
-        table[n, best_lr[n]]["best_lr_of_method"] = True
-    write_csv(out_dir / "final.csv", list(table.values()))
-
+    bed, lrs, named, drift = scale.bed, scale.learning_rates, arms(scale), pilot["by_lr"]
+    picked, ages, n = tuning["picked"], np.arange(bed.buffer_iterations), scale.scoring_seeds
+    runs = []
+    for i, r in enumerate(grid.rows):
+        method, tau = named[r["arm"]]
+        runs.append({"arm": r["arm"], "method": method, "tau": tau, "learning_rate": picked[r["arm"]],
+                     "seed": r["seed"], "final_expected_reward": float(out["expected_reward"][i, -1]),
+                     "mean_expected_reward": float(out["expected_reward"][i].mean()),
+                     "mean_sampled_age": _mean_age(out["sampled_age_counts"][i]),
+                     "extra_update_cosine": float(out["extra_update_cosine"][i].mean()),
+                     "num_updates": int(out["num_updates"][i]), "adam_count": int(out["adam_count"][i])})
+    write_csv(out_dir / "runs.csv", runs)
+    write_csv(out_dir / "tuning.csv", [
+        {"arm": arm, "method": named[arm][0], "tau": named[arm][1], "learning_rate": lr,
+         "tuning_seeds": scale.tuning_seeds, "mean_expected_reward": float(tuning["mean_j"][a, li]),
+         "picked": lr == picked[arm]} for a, arm in enumerate(named) for li, lr in enumerate(lrs)])
     write_csv(out_dir / "ess_vs_age.csv", [
-        {"learning_rate": lr, "age": int(a), "ess_fraction": float(drift[lr]["ess"][a]),
-         "kl": float(drift[lr]["kl"][a]), "fit": float(math.exp(-a / drift[lr]["tau_fit"])),
-         "tau_fit": drift[lr]["tau_fit"]} for lr in lrs for a in ages])
-    sampled = data["sampled_age_counts"].sum(2)  # [M, L, H]
+        {"learning_rate": lr, "age": int(a), "ess_fraction": float(d["ess"][a]),
+         "ess_step_fraction": float(d["ess_step"][a]), "kl": float(d["kl"][a]),
+         "tau_trajectory": d["tau_trajectory"], "tau_step": d["tau_step"]}
+        for lr, d in drift.items() for a in ages])
+    counts = out["sampled_age_counts"].reshape(len(named), n, -1).sum(1)  # [arms, H]
     write_csv(out_dir / "sampled_age.csv", [
-        {"method": n, "learning_rate": lr, "age": int(a),
-         "fraction": float(sampled[m, li, a] / max(sampled[m, li].sum(), 1))}
-        for m, n in enumerate(names) if METHODS[n].extra == "replay"
-        for li, lr in enumerate(lrs) for a in ages])
-    tau_methods = [n for n in names if n.startswith("freshper_") and METHODS[n].importance] + ["per_given"]
-    tau_rows = [{"method": n, "learning_rate": lr, "tau_over_tau_fit": METHODS[n].tau_factor,
-                 "final": table[n, lr]["final"], "final_low": table[n, lr]["final_low"],
-                 "final_high": table[n, lr]["final_high"]} for n in tau_methods for lr in lrs]
-    write_csv(out_dir / "score_vs_tau.csv", tau_rows)
+        {"arm": arm, "method": named[arm][0], "learning_rate": picked[arm], "age": int(a),
+         "fraction": float(counts[i, a] / max(counts[i].sum(), 1))}
+        for i, arm in enumerate(named) if named[arm][0] not in ("onpolicy", "onpolicy_epochs")
+        for a in ages])
 
-    # Figures.
-    fig, ax = plt.subplots(figsize=(10, 4))
-    width = 0.8 / len(lrs)
-    for li, lr in enumerate(lrs):
-        x = np.arange(len(names)) + li * width
-        f = np.array([table[n, lr]["final"] for n in names])
-        err = np.array([[f[i] - table[n, lr]["final_low"], table[n, lr]["final_high"] - f[i]]
-                        for i, n in enumerate(names)]).T
-        ax.bar(x, f, width, yerr=err, label=f"lr {lr}", capsize=2)
-    ax.set_xticks(np.arange(len(names)) + 0.4 - width / 2, names, rotation=30, ha="right")
-    ax.set_ylabel("exact final expected reward J")
-    ax.legend()
+    by_arm = {arm: [r for r in runs if r["arm"] == arm] for arm in named}
+    table = {}
+    for arm, rows in by_arm.items():
+        m, lo, hi = _interval([r["mean_expected_reward"] for r in rows])
+        f, flo, fhi = _interval([r["final_expected_reward"] for r in rows])
+        table[arm] = {"arm": arm, "tau": named[arm][1], "learning_rate": picked[arm], "mean": m,
+                      "mean_low": lo, "mean_high": hi, "final": f, "final_low": flo, "final_high": fhi,
+                      "sampled_age": float(np.mean([r["mean_sampled_age"] for r in rows]))}
+    per_age = table["per_authors"]["sampled_age"]
+    tau_arms = [a for a in named if named[a][0] == "freshper_authors"] + ["per_authors"]
+    for arm in tau_arms:
+        tau = named[arm][1]
+        table[arm]["buffer_over_tau"] = bed.buffer_iterations / tau if math.isfinite(tau) else 0.0
+        table[arm]["age_gap_vs_per"] = abs(table[arm]["sampled_age"] - per_age) / max(per_age, 1e-12)
+    write_csv(out_dir / "score_vs_tau.csv", [table[a] for a in tau_arms])
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for lr, d in drift.items():
+        line, = axes[0].plot(ages, d["ess"], label=f"lr {lr}: trajectory (τ {d['tau_trajectory']:.0f})")
+        axes[0].plot(ages, d["ess_step"], ":", color=line.get_color(),
+                     label=f"lr {lr}: per step (τ {d['tau_step']:.0f})")
+        axes[1].plot(ages, d["kl"], color=line.get_color(), label=f"lr {lr}")
+    for tau in scale.taus:
+        axes[0].axvline(tau, color="grey", lw=0.5)
+    axes[0].set(xlabel="age (versions); grey: the τ grid", ylabel="exact ESS/n (on-policy pilot)",
+                xscale="symlog")
+    axes[1].set(xlabel="age (versions)", ylabel="exact KL(β‖π)", yscale="log", xscale="symlog")
+    axes[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out_dir / "final_scores.png", dpi=110)
+    fig.savefig(out_dir / "ess_vs_age.png", dpi=110)
     plt.close(fig)
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for lr in lrs:
-        line, = axes[0].plot(ages, drift[lr]["ess"], label=f"lr {lr} (τ_fit {drift[lr]['tau_fit']:.1f})")
-        axes[0].plot(ages, np.exp(-ages / drift[lr]["tau_fit"]), "--", color=line.get_color())
-        axes[1].plot(ages, drift[lr]["kl"], label=f"lr {lr}")
-    axes[0].set(xlabel="age (iterations)", ylabel="exact ESS/n (on-policy pilot)")
-    axes[1].set(xlabel="age (iterations)", ylabel="exact KL(β‖π)", yscale="log")
-    axes[0].legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "ess_kl_vs_age.png", dpi=110)
-    plt.close(fig)
-
-    fig, axes = plt.subplots(1, len(lrs), figsize=(4 * len(lrs), 3.5), squeeze=False)
-    for li, lr in enumerate(lrs):
-        for m, n in enumerate(names):
-            if METHODS[n].extra == "replay":
-                frac = sampled[m, li] / max(sampled[m, li].sum(), 1)
-                axes[0, li].plot(ages, np.cumsum(frac), label=n)
-        axes[0, li].set(title=f"lr {lr}", xlabel="age of replayed item", ylabel="CDF", xscale="symlog")
-    axes[0, 0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out_dir / "sampled_age.png", dpi=110)
-    plt.close(fig)
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    factors = [METHODS[n].tau_factor for n in tau_methods[:-1]]
-    for ax, key, label in ((axes[0], "final", "exact final expected reward J"),
-                           (axes[1], "mean", "exact J averaged over the run")):
-        for lr in lrs:
-            line, = ax.plot(factors, [table[n, lr][key] for n in tau_methods[:-1]], "o-",
-                            label=f"lr {lr}")
-            ax.axhline(table["per_given", lr][key], ls=":", color=line.get_color())
-            ax.axhline(table["onpolicy", lr][key], ls="--", color=line.get_color())
-        ax.set(xscale="log", xlabel="τ / τ_fit (dotted: PER = τ ∞; dashed: on-policy)",
-               ylabel=label)
-        ax.set_xticks(factors, [str(f) for f in factors])
-        ax.minorticks_off()
-    axes[0].legend()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    x = [named[a][1] if math.isfinite(named[a][1]) else 10 * max(scale.taus) for a in tau_arms]
+    mean = np.array([table[a]["mean"] for a in tau_arms])
+    err = np.array([[table[a]["mean"] - table[a]["mean_low"], table[a]["mean_high"] - table[a]["mean"]]
+                    for a in tau_arms]).T
+    ax.errorbar(x, mean, yerr=err, fmt="o-", capsize=3, label="freshper_authors (∞: per_authors)")
+    for arm, style in (("onpolicy", "--"), ("onpolicy_epochs", "-."), ("uniform", ":")):
+        ax.axhline(table[arm]["mean"], ls=style, color="grey", label=arm)
+    ax.set(xscale="log", xlabel="τ (versions); rightmost point τ = ∞",
+           ylabel=f"mean exact J over the run ({n} scoring seeds, 95% t)")
+    ax.set_xticks(x, [f"{t:g}" for t in scale.taus] + ["∞"])
+    ax.minorticks_off()
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out_dir / "score_vs_tau.png", dpi=110)
     plt.close(fig)
 
-    def row(n, lr):
-        t = table[n, lr]
-        return (f"| {n} | {lr} | {t['final']:.4f} [{t['final_low']:.4f}, {t['final_high']:.4f}] | "
-                f"{t['mean']:.4f} [{t['mean_low']:.4f}, {t['mean_high']:.4f}] |")
+    def row(arm):
+        t = table[arm]
+        extra = (f" | {t['buffer_over_tau']:.0f} | {100 * t['age_gap_vs_per']:.0f}%"
+                 if "buffer_over_tau" in t else " | | ")
+        return (f"| {arm} | {t['learning_rate']} | {t['mean']:.4f} [{t['mean_low']:.4f}, "
+                f"{t['mean_high']:.4f}] | {t['final']:.4f} [{t['final_low']:.4f}, {t['final_high']:.4f}] "
+                f"| {t['sampled_age']:.1f}{extra} |")
 
-    replay_names = [n for n in names if METHODS[n].extra != "none"]
-    age_lines = ["| method | " + " | ".join(f"lr {lr}" for lr in lrs) + " |",
-                 "|---|" + "---|" * len(lrs)]
-    for n in replay_names:
-        cells = []
-        for li in range(len(lrs)):
-            counts = data["sampled_age_counts"][names.index(n), li].sum(0)
-            age = (counts * ages).sum() / max(counts.sum(), 1)
-            cosine = data["extra_update_cosine"][names.index(n), li].mean()
-            cells.append(f"{age:.1f} / {cosine:+.3f}")
-        age_lines.append(f"| {n} | " + " | ".join(cells) + " |")
-    cap = bed.batch_size * bed.buffer_iterations
+    cap, half = bed.batch_size * bed.buffer_iterations, bed.buffer_iterations / 2
+    fresh_lrs = [picked[a] for a in named if named[a][0] == "freshper_authors"]
+    fresh_lr = max(set(fresh_lrs), key=fresh_lrs.count)
     text = [
-        "# FreshPER on an exact stale-buffer test bed",
+        "# FreshPER as its authors run it, on the exact stale-buffer bed",
         "",
         provenance_line(header),
-        f"The runs were computed by the invocation that finished each stage (pilot "
-        f"{header['stage_seconds']['pilot']:.0f} s, study {header['stage_seconds']['study']:.0f} s "
-        "wall time, compilation included); a rerun restores its saved chunks.",
+        "The runs were computed by the invocation that finished each stage (pilot "
+        f"{pilot['seconds']:.0f} s, tuning {tuning['seconds']:.0f} s, scoring "
+        f"{header['scoring_seconds']:.0f} s wall time, compilation included); a rerun restores "
+        "its saved chunks.",
         "",
         f"Bed: tabular softmax policy, T = {bed.num_steps} tokens × A = {bed.num_actions} actions, "
-        f"reward = matched target prefix / T; B = {bed.batch_size} sequences per iteration, "
-        f"1 + K = {1 + bed.extra_updates} updates per iteration for replay and epoch methods, "
-        f"{bed.num_iterations} iterations, buffer of {cap} items = {bed.buffer_iterations} "
-        f"iterations, PPO-clip ε = {bed.clip_epsilon}, Adam, priority source "
-        f"`{bed.priority}`, α = {bed.priority_exponent}, β = {bed.importance_exponent_default}, "
-        f"floor {bed.min_decayed_priority}. {scale.num_seeds} seeds per cell; shared lr grid "
-        f"{list(lrs)} for every method. Every J, ESS/n and KL below is exact (closed form), "
-        "not estimated.",
+        f"reward = matched target prefix / T; B = {bed.batch_size} sequences per iteration (one "
+        f"policy version each), 1 + K = {1 + bed.extra_updates} updates per iteration for replay "
+        f"and epoch arms, {bed.num_iterations} iterations; buffer of {cap} items = "
+        f"{bed.buffer_iterations} versions (full from iteration {bed.buffer_iterations} on), "
+        f"PPO-clip ε = {bed.clip_epsilon}, Adam, replay updates with their own Adam state, "
+        f"priority source `{bed.priority}`, α = {bed.priority_exponent}, IS β = "
+        f"{bed.importance_exponent_default}, floor {bed.min_decayed_priority}. Learning-rate grid "
+        f"{list(lrs)} for every arm, picked on tuning seeds {header['seed']}–"
+        f"{header['seed'] + scale.tuning_seeds - 1} by mean J over the run and scored on seeds "
+        f"{header['seed'] + scale.tuning_seeds}–{header['seed'] + scale.tuning_seeds + n - 1}. "
+        "Every J, ESS/n and KL is exact (closed form), not estimated.",
         "",
-        "## Drift: exact ESS/n against age (on-policy pilot)",
+        "## Drift: how fast stored data goes stale (on-policy pilot, tuning seeds)",
         "",
-        "| lr | learning-phase snapshots | τ_fit (iterations) | buffer / τ_fit | ESS/n at age 10 "
-        "| at 50 | KL at age 10 | at 50 |",
+        "| lr | learning-phase snapshots | τ from trajectory ESS | τ from per-step ESS | "
+        "trajectory ESS/n at age 10 | at 100 | per-step ESS/n at 100 | KL at 100 |",
         "|---|---|---|---|---|---|---|---|",
-        *[f"| {lr} | {drift[lr]['learning_snapshots']}/{drift[lr]['snapshots']} "
-          f"| {drift[lr]['tau_fit']:.1f} | {bed.buffer_iterations / drift[lr]['tau_fit']:.1f} "
-          f"| {drift[lr]['ess'][min(10, len(ages) - 1)]:.3f} | {drift[lr]['ess'][min(50, len(ages) - 1)]:.3f} "
-          f"| {drift[lr]['kl'][min(10, len(ages) - 1)]:.4f} | {drift[lr]['kl'][min(50, len(ages) - 1)]:.4f} |"
-          for lr in lrs],
+        *[f"| {lr} | {d['learning_snapshots']}/{d['snapshots']} | {d['tau_trajectory']:.1f} | "
+          f"{d['tau_step']:.1f} | {d['ess'][min(10, ages[-1])]:.3f} | {d['ess'][min(100, ages[-1])]:.3f} | "
+          f"{d['ess_step'][min(100, ages[-1])]:.3f} | {d['kl'][min(100, ages[-1])]:.4f} |"
+          for lr, d in drift.items()],
         "",
-        "τ_fit: least squares of log ESS/n on age through the origin over ages with ESS/n ≥ 0.05, "
-        "ESS/n averaged over seeds and over the learning-phase snapshots (on-policy J < "
-        f"{LEARNING_PHASE_REWARD}; `ess_vs_age.csv`, `ess_kl_vs_age.png`).",
+        "τ: least squares of log ESS/n on age through the origin over ages with ESS/n ≥ 0.05 "
+        f"(ESS/n averaged over seeds and the learning-phase snapshots, on-policy J < "
+        f"{LEARNING_PHASE_REWARD}; `ess_vs_age.csv`, `ess_vs_age.png`). The sequence weight is the "
+        "product of the T per-step weights, so its ESS falls faster. Where the rules for τ fall "
+        f"on the grid {list(scale.taus)} + ∞: the authors' README default, 500 versions "
+        f"{_on_grid(500.0, scale.taus)}, and their older heuristic capacity / (2 · batch) = "
+        f"{half:g} versions {_on_grid(half, scale.taus)}; the ESS rule (τ = τ_ESS of the data) "
+        "at the learning rate `freshper_authors` was tuned to most often, "
+        f"{fresh_lr}: {drift[fresh_lr]['tau_trajectory']:.1f} from trajectory weights "
+        f"{_on_grid(drift[fresh_lr]['tau_trajectory'], scale.taus)}, "
+        f"{drift[fresh_lr]['tau_step']:.1f} from per-step weights "
+        f"{_on_grid(drift[fresh_lr]['tau_step'], scale.taus)}.",
         "",
-        "## Exact final expected reward (95% Student-t intervals over seeds)",
+        "## Scores (scoring seeds, each arm at its tuned learning rate; 95% Student-t intervals)",
         "",
-        "| method | lr | final J | mean J over the run |",
-        "|---|---|---|---|",
-        *[row(n, lr) for n in names for lr in lrs],
+        "| arm | tuned lr | mean J over the run | final J | mean sampled age | buffer span / τ "
+        "| sampled-age gap to per_authors |",
+        "|---|---|---|---|---|---|---|",
+        *[row(a) for a in named],
         "",
-        "Best lr per method (by final J, picked on the scoring seeds: descriptive only, no claim "
-        "uses it): " + ", ".join(f"{n} {best_lr[n]}" for n in names) + ".",
-        "",
-        "## What the K extra updates see",
-        "",
-        "Mean age of the replayed items (iterations; `sampled_age.csv`, `sampled_age.png`) / mean "
-        "cosine between an extra update's gradient step and the exact policy gradient ∇J at "
-        "that moment (1 = the true ascent direction):",
-        "",
-        *age_lines,
+        "Tuning means per learning rate: `tuning.csv`. Score against τ: `score_vs_tau.png`. The "
+        "sampled-age gap is the gate of every FreshPER-vs-PER cell (≥ 20%, "
+        "experiments/claims/freshper_bandit.toml).",
         "",
         "## Verdicts",
         "",
-        "Every claim of this bed is decided in [results/VERDICTS.md](../VERDICTS.md) (generated by "
-        "`python experiments/verdicts.py` from `runs.csv` and the declaration "
-        "experiments/claims/freshper_bandit.toml): one pooled Student-t test over the learning rates "
-        "on the seed-paired mean J, gated on the staleness of the buffer.",
-        "",
-        "## Caveats",
-        "",
-        f"* Replay and epoch methods make 1 + K = {1 + bed.extra_updates} optimizer updates per "
-        "batch, on-policy makes 1: \"> on-policy\" mixes the value of replayed data with the "
-        "value of more updates; `onpolicy_epochs` (same updates, fresh data only) separates them.",
-        "* The final J saturates near 1 at the larger learning rates; the mean J over the run "
-        "(learning speed) is the sharper measure there.",
-        "* Buffer shorter than 10 τ_fit at lr " + (", ".join(
-            str(lr) for lr in lrs if bed.buffer_iterations < 10 * drift[lr]["tau_fit"]) or "none")
-        + f" ({bed.buffer_iterations} iterations; the runs last {bed.num_iterations}, so the "
-        "oldest data is at most that old).",
-        "* ESS/n decays faster than exponentially in age when the policy drifts in a persistent "
-        "direction (`ess_kl_vs_age.png`); τ_fit is the best single exponential over ages with "
-        "ESS/n ≥ 0.05.",
+        "Every claim of this bed is decided in [results/VERDICTS.md](../VERDICTS.md#freshper_bandit) "
+        "(generated by `python experiments/verdicts.py` from `runs.csv`, `tuning.csv`, "
+        "`sampled_age.csv`, `ess_vs_age.csv` and the declaration "
+        "experiments/claims/freshper_bandit.toml): one pooled Student-t test per claim over its "
+        "τ cells on the seed-paired mean J, the cells Holm-corrected.",
     ]
     (out_dir / "README.md").write_text("\n".join(text) + "\n")
     return "\n".join(text)
@@ -359,17 +353,22 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
     with output_lock(out_dir):
         if fresh and (out_dir / "runs").exists():
             shutil.rmtree(out_dir / "runs")
-        drift = drift_pilot(scale, out_dir, seed)
-        log("tau_fit per lr: " + ", ".join(f"{lr}: {d['tau_fit']:.2f}" for lr, d in drift.items()))
-        grid, rows, data, study_seconds = study(scale, drift, out_dir, seed, log)
+        pilot = drift_pilot(scale, out_dir, seed)
+        log("tau per lr (trajectory / per-step ESS): " + ", ".join(
+            f"{lr}: {d['tau_trajectory']:.1f} / {d['tau_step']:.1f}" for lr, d in pilot["by_lr"].items()))
+        tuning = tune(scale, out_dir, seed, log)
+        grid, out, scoring_seconds = score(scale, tuning["picked"], out_dir, seed, log)
         header = provenance(started=started)
         (out_dir / "config.json").write_text(json.dumps(
             {"scale": scale_name, "seed": seed, "bed": dataclasses.asdict(scale.bed),
-             "num_seeds": scale.num_seeds, "learning_rates": list(scale.learning_rates),
-             "tau_fit": {str(lr): d["tau_fit"] for lr, d in drift.items()}, **header}, indent=1))
-        header["stage_seconds"] = {"pilot": next(iter(drift.values()))["stage_seconds"],
-                                   "study": study_seconds}
-        return summarize(scale, drift, grid, rows, data, out_dir, header)
+             "learning_rates": list(scale.learning_rates), "tuning_seeds": scale.tuning_seeds,
+             "scoring_seeds": scale.scoring_seeds, "taus": list(scale.taus),
+             "arms": {a: [m, t if math.isfinite(t) else "inf"] for a, (m, t) in arms(scale).items()},
+             "picked_learning_rates": tuning["picked"],
+             "tau_ess": {str(lr): {"trajectory": d["tau_trajectory"], "step": d["tau_step"]}
+                         for lr, d in pilot["by_lr"].items()}, **header}, indent=1))
+        return write_outputs(scale, pilot, tuning, grid, out, out_dir,
+                             {**header, "seed": seed, "scoring_seconds": scoring_seconds})
 
 
 def main(argv=None):

@@ -157,21 +157,40 @@ def vaco_reader(root: Path):
 # -------------------------------------------------------------------------------- FreshPER --
 
 def freshper_bandit_reader(root: Path):
-    """results/freshper_bandit/runs.csv: one row per run (method, lr, seed; exact final and mean J)."""
+    """results/freshper_bandit/: ``runs.csv`` (one row per scoring run: arm, τ, tuned lr, seed;
+    exact final and mean J, mean sampled age), ``tuning.csv`` (the picked lr per arm and its
+    tuning-seed mean J: τ* of the finite-τ claim), ``ess_vs_age.csv`` and ``sampled_age.csv``
+    (the staleness gate). A τ cell's FreshPER arm is ``freshper_authors_tau<τ>``."""
     study = root / "results" / "freshper_bandit"
     table: dict[tuple, dict[int, float]] = {}
+    ages: dict[str, list[float]] = {}
     for r in _rows(study / "runs.csv"):
         for metric in ("final_expected_reward", "mean_expected_reward"):
-            table.setdefault((r["method"], _lr(r["learning_rate"]), metric), {})[int(r["seed"])] = float(r[metric])
-    ess = {_lr(lr): v for (lr,), v in _uniform_replay_ess(study, ("learning_rate",)).items()}
+            table.setdefault((r["arm"], metric), {})[int(r["seed"])] = float(r[metric])
+        ages.setdefault(r["arm"], []).append(float(r["mean_sampled_age"]))
+    picked = [r for r in _rows(study / "tuning.csv")
+              if r["picked"] == "True" and r["method"] == "freshper_authors"]
+    best_tau = max(picked, key=lambda r: float(r["mean_expected_reward"]))["arm"]
+    uniform_lr = next(r["learning_rate"] for r in _rows(study / "tuning.csv")
+                      if r["arm"] == "uniform" and r["picked"] == "True")
+    ess = _uniform_replay_ess(study, ("learning_rate",))[(uniform_lr,)]
+
+    def arm_of(arm, cell):
+        if arm == "freshper_authors":
+            return f"freshper_authors_tau{float(cell['tau']):g}"
+        return best_tau if arm == "freshper_authors_best_tau" else arm
 
     def series(arm, claim, cell):
-        return _series_of(table, (arm, _lr(cell["learning_rate"]), claim["metric"]))
+        return _series_of(table, (arm_of(arm, cell), claim["metric"]))
 
     def measure(gate, cell):
-        if gate["measure"] != "uniform_replay_ess":
-            raise ValueError(f"freshper_bandit: unknown gate {gate['measure']!r}")
-        return ess[_lr(cell["learning_rate"])]
+        if gate["measure"] == "uniform_replay_ess":
+            return ess
+        if gate["measure"] == "sampled_age_gap":
+            fresh = arm_of("freshper_authors" if "tau" in cell else "freshper_authors_best_tau", cell)
+            per = float(np.mean(ages["per_authors"]))
+            return abs(float(np.mean(ages[fresh])) - per) / per if fresh in ages else math.nan
+        raise ValueError(f"freshper_bandit: unknown gate {gate['measure']!r}")
 
     return series, measure
 

@@ -16,7 +16,7 @@ from fresh_rl.sweep.keys import seed_key
 from fresh_rl.tabular_bandit import (BedConfig, apply_update, ess_fraction, expected_reward,
                                      insert, kl_divergence, method_hparams,
                                      optimizer, refresh, sample_sequences, sequence_rewards,
-                                     stack_hparams, train)
+                                     stack_hparams, step_ess_fraction, train)
 from fresh_rl.tabular_bandit.bed import _example_item
 
 T, A = 3, 4  # small enough to enumerate in NumPy
@@ -51,6 +51,10 @@ def test_exact_kl_ess_reward_match_enumeration_and_monte_carlo(seed, scale):
     # the expected reward is products of ≤ 3 probabilities: ≲ 10 u ≈ 6e-7 < 1e-5
     np.testing.assert_allclose(kl_divergence(beta, pi), kl, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(ess_fraction(beta, pi), ess, rtol=1e-4)
+    # per-step weights: the mean over positions of 1/E_β[w_t²], by enumeration of one token each
+    # (same float32 exp(2 log π − log β) terms as the sequence ESS: rtol 1e-4 as above)
+    step_ess = np.mean(1.0 / np.sum(pp**2 / pb, axis=1))
+    np.testing.assert_allclose(step_ess_fraction(beta, pi), step_ess, rtol=1e-4)
     np.testing.assert_allclose(expected_reward(pi, jnp.asarray(target)),
                                np.sum(p_seq * matched), rtol=1e-5)
 
@@ -202,17 +206,38 @@ def ci_run(tmp_path_factory, load_experiment):
 
 def test_ci_scale_writes_its_files(ci_run):
     module, out = ci_run
-    for name in ("README.md", "runs.csv", "final.csv", "ess_vs_age.csv", "sampled_age.csv",
-                 "score_vs_tau.csv", "final_scores.png", "ess_kl_vs_age.png", "sampled_age.png",
-                 "score_vs_tau.png", "config.json"):
+    for name in ("README.md", "runs.csv", "tuning.csv", "ess_vs_age.csv", "sampled_age.csv",
+                 "score_vs_tau.csv", "ess_vs_age.png", "score_vs_tau.png", "config.json"):
         assert (out / name).stat().st_size > 0, name
     readme = (out / "README.md").read_text()
     assert "Made by" in readme and "## Verdicts" in readme
     rows = list(csv.DictReader(open(out / "runs.csv")))
     scale = module.SCALES["ci"]
-    assert len(rows) == 9 * scale.num_seeds * len(scale.learning_rates)
+    assert len(rows) == len(module.arms(scale)) * scale.scoring_seeds
     # a mean of products of probabilities ≤ 1 divided by T: monotone float rounding keeps it in [0, 1]
     assert all(0.0 <= float(r["final_expected_reward"]) <= 1.0 for r in rows)
+    # per-step ESS ≥ trajectory ESS at every age: 1/Π_t m_t ≤ mean_t 1/m_t for m_t = E[w_t²] ≥ 1
+    for r in csv.DictReader(open(out / "ess_vs_age.csv")):
+        if float(r["ess_fraction"]) == float(r["ess_fraction"]):  # reached ages only (not NaN)
+            assert float(r["ess_step_fraction"]) >= float(r["ess_fraction"]) * (1 - 1e-5)
+
+
+def test_tuning_seeds_are_not_scoring_seeds(ci_run):
+    """Each arm's learning rate is the best seed-mean J of the tuning seeds; the scoring runs use
+    it, on seeds disjoint from the tuning ones."""
+    module, out = ci_run
+    scale = module.SCALES["ci"]
+    tuning = list(csv.DictReader(open(out / "tuning.csv")))
+    runs = list(csv.DictReader(open(out / "runs.csv")))
+    assert {int(r["seed"]) for r in runs} == set(range(scale.tuning_seeds,
+                                                       scale.tuning_seeds + scale.scoring_seeds))
+    assert all(int(r["tuning_seeds"]) == scale.tuning_seeds for r in tuning)
+    for arm in module.arms(scale):
+        rows = [r for r in tuning if r["arm"] == arm]
+        assert len(rows) == len(scale.learning_rates)
+        best = max(rows, key=lambda r: float(r["mean_expected_reward"]))
+        assert [r["picked"] for r in rows].count("True") == 1 and best["picked"] == "True"
+        assert {r["learning_rate"] for r in runs if r["arm"] == arm} == {best["learning_rate"]}
 
 
 @pytest.mark.slow

@@ -9,9 +9,9 @@ from fresh_rl.tabular_bandit.bed import (BedConfig, BedHParams, BedState, apply_
                                          init_state, insert, kl_divergence,
                                          make_iteration, method_hparams, optimizer, refresh,
                                          sample_sequences, sequence_rewards, stack_hparams,
-                                         token_log_probs, train)
+                                         step_ess_fraction, token_log_probs, train)
 
 __all__ = ["BedConfig", "BedHParams", "BedState", "apply_update", "drift_by_age", "ess_fraction",
            "expected_reward", "init_state", "insert", "kl_divergence",
            "make_iteration", "method_hparams", "optimizer", "refresh", "sample_sequences",
-           "sequence_rewards", "stack_hparams", "token_log_probs", "train"]
+           "sequence_rewards", "stack_hparams", "step_ess_fraction", "token_log_probs", "train"]

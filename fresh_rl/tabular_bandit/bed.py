@@ -18,7 +18,11 @@ ESS in closed form). Then, exactly,
     KL(β‖π)      = Σ_t Σ_a β_t(a) log(β_t(a)/π_t(a))
     ESS/n(β, π)  = (E_β w)² / E_β w² = 1 / Π_t Σ_a π_t(a)²/β_t(a)    w = π(seq)/β(seq)
 
-(ESS/n of whole-sequence weights, the population version of Kish's ESS; E_β w = 1.)
+(ESS/n of whole-sequence weights, the population version of Kish's ESS; E_β w = 1.) The
+per-step counterpart weighs each token alone, w_t = π_t(a_t)/β_t(a_t):
+``ESS_t/n = 1 / Σ_a π_t(a)²/β_t(a)``, averaged over the T positions
+(:func:`step_ess_fraction`); the sequence ESS is the product of the T per-position terms, so it
+falls about T times faster in the exponent.
 
 **Training** (one iteration = one policy version, the buffer's age unit): sample B sequences
 from π (the behaviour β = π at that moment), advantages ``A = (R − mean R)/(std R + 1e-6)``
@@ -212,6 +216,13 @@ def ess_fraction(behaviour_logits: jax.Array, logits: jax.Array) -> jax.Array:
     return jnp.exp(-log_second_moment)
 
 
+def step_ess_fraction(behaviour_logits: jax.Array, logits: jax.Array) -> jax.Array:
+    """Exact per-step ESS/n: the mean over positions t of ``1 / Σ_a π_t(a)²/β_t(a)``, the ESS of
+    single-token weights π_t/β_t (what a token-level correction sees)."""
+    log_b, log_p = log_policy(behaviour_logits), log_policy(logits)
+    return jnp.mean(jnp.exp(-jax.nn.logsumexp(2 * log_p - log_b, axis=-1)))
+
+
 # ------------------------------------------------------------------------------ training
 
 
@@ -375,17 +386,20 @@ def make_iteration(config: BedConfig):
 
 
 def drift_by_age(config: BedConfig, state: BedState) -> dict:
-    """Exact ``ess`` and ``kl`` ``[H]`` of the behaviour policy of age a = 0 … H − 1 (the batch
-    sampled a iterations before the latest) against the current policy; −1 (not NaN: runs are
-    checkpointed through the non-finite guard) for ages not yet reached."""
+    """Exact ``ess`` (whole-sequence weights), ``ess_step`` (per-step weights,
+    :func:`step_ess_fraction`) and ``kl`` ``[H]`` of the behaviour policy of age a = 0 … H − 1
+    (the batch sampled a iterations before the latest) against the current policy; −1 (not NaN:
+    runs are checkpointed through the non-finite guard) for ages not yet reached."""
     h = config.buffer_iterations
     ages = jnp.arange(h)
     latest = state.iteration - 1
     behaviours = state.history[(latest - ages) % h]
     ok = ages <= latest
     ess = jax.vmap(ess_fraction, in_axes=(0, None))(behaviours, state.params)
+    ess_step = jax.vmap(step_ess_fraction, in_axes=(0, None))(behaviours, state.params)
     kl = jax.vmap(kl_divergence, in_axes=(0, None))(behaviours, state.params)
-    return {"ess": jnp.where(ok, ess, -1.0), "kl": jnp.where(ok, kl, -1.0)}
+    return {"ess": jnp.where(ok, ess, -1.0), "ess_step": jnp.where(ok, ess_step, -1.0),
+            "kl": jnp.where(ok, kl, -1.0)}
 
 
 def train(config: BedConfig, key: jax.Array, hp: BedHParams) -> dict:
@@ -394,7 +408,8 @@ def train(config: BedConfig, key: jax.Array, hp: BedHParams) -> dict:
 
     Returns:
       ``expected_reward``, ``batch_reward``, ``updates``, ``extra_update_cosine``
-      ``[num_iterations]``; ``ess_by_age``, ``kl_by_age`` ``[num_iterations/log_every, H]``
+      ``[num_iterations]``; ``ess_by_age``, ``ess_step_by_age``, ``kl_by_age``
+      ``[num_iterations/log_every, H]``
       (snapshots after iterations log_every, 2·log_every, …); ``sampled_age_counts`` ``[H]``;
       ``num_updates`` and ``adam_count`` (Adam's own step counter of the shared state).
     """
@@ -412,7 +427,7 @@ def train(config: BedConfig, key: jax.Array, hp: BedHParams) -> dict:
     state, (metrics, drift) = jax.lax.scan(
         chunk, init_state(config, hp), None, length=config.num_iterations // config.log_every)
     out = {k: v.reshape(-1) for k, v in metrics.items()}
-    out.update(ess_by_age=drift["ess"], kl_by_age=drift["kl"],
+    out.update(ess_by_age=drift["ess"], ess_step_by_age=drift["ess_step"], kl_by_age=drift["kl"],
                sampled_age_counts=state.sampled_age_counts, num_updates=state.num_updates,
                adam_count=state.opt_state[0].count)
     return out
@@ -421,4 +436,4 @@ def train(config: BedConfig, key: jax.Array, hp: BedHParams) -> dict:
 __all__ = ["BedConfig", "BedHParams", "BedState", "apply_update", "drift_by_age", "ess_fraction",
            "expected_reward", "init_state", "insert", "kl_divergence",
            "make_iteration", "method_hparams", "optimizer", "refresh", "sample_sequences",
-           "sequence_rewards", "stack_hparams", "token_log_probs", "train"]
+           "sequence_rewards", "stack_hparams", "step_ess_fraction", "token_log_probs", "train"]
