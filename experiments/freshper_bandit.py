@@ -41,6 +41,7 @@ import json
 import math
 import shutil
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -131,7 +132,8 @@ def drift_pilot(scale: Scale, out_dir: Path, seed: int) -> dict:
         curves = {}
         for name in ("ess", "ess_step", "kl"):
             x = out[f"{name}_by_age"].reshape(len(lrs), n, -1, bed.buffer_iterations)[i]
-            with np.errstate(all="ignore"):  # −1: an age not reached yet at that snapshot
+            with warnings.catch_warnings():  # an age no learning-phase snapshot reached: NaN
+                warnings.simplefilter("ignore", RuntimeWarning)
                 curves[name] = np.nanmean(np.where(x >= 0, x, np.nan)[:, learning], axis=(0, 1))
         drift[lr] = {**curves, "tau_trajectory": fit_ess_time_constant(ages, curves["ess"]),
                      "tau_step": fit_ess_time_constant(ages, curves["ess_step"]),
