@@ -74,6 +74,8 @@ def tiny_runs():
     }
     configs["eq_ppo"], configs["eq_vaco"] = EQ_PPO, EQ_VACO
     configs["pendulum"] = PENDULUM
+    configs["warmup"] = TrainConfig(**{**TINY, "total_env_steps": 4 * 8 * 9}, delay=DelayConfig.fixed(LAG, 3),
+                                    lag_warmup_versions=3)
     configs["ppo_kl_adaptive"] = TrainConfig(
         **TINY, method="ppo_kl", kl_coef=0.5, kl_adaptive=AdaptiveKLConfig(target=1e-12),
         delay=DelayConfig.fixed(LAG, 3))
@@ -138,6 +140,15 @@ def test_lag_k_gives_version_gap_k_after_warm_up(method_runs):
         np.testing.assert_array_equal(out.metrics["lag/stale_fraction"], [0, 1, 1, 1, 1])
         # acting with older parameters shows up as a TV(π_T, β) > 0 once stale
         assert np.all(np.asarray(out.metrics["lag/tv"])[1:] > 0), method
+
+
+def test_lag_warmup_acts_on_policy_then_never_older_than_its_last_version(tiny_runs):
+    """W_u = 3, lag 2: versions 0–3 act on-policy, then the lag ramps 1, 2; iteration i acts with
+    version i − gap_i = max(i − 2, min(i, 3)), so no lagged actor ever gets θ0 (integer gaps: exact)."""
+    gap = np.asarray(tiny_runs["warmup"].metrics["lag/version_gap_mean"])
+    np.testing.assert_array_equal(gap, [0, 0, 0, 0, 1, 2, 2, 2, 2])
+    acting = np.arange(9) - gap
+    np.testing.assert_array_equal(acting, np.maximum(np.arange(9) - LAG, np.minimum(np.arange(9), 3)))
 
 
 def test_every_method_returns_finite_metrics(method_runs):
@@ -269,6 +280,7 @@ def test_adaptive_kl_doubles_beta_when_kl_exceeds_target(tiny_runs):
         (dict(kl_adaptive=0.01), "kl_adaptive"),
         (dict(advantage_normalization="whiten"), "advantage_normalization"),
         (dict(brax_backend="physx"), "brax_backend"),
+        (dict(lag_warmup_versions=-1), "lag_warmup_versions"),
     ],
 )
 def test_config_errors_name_the_field(kwargs, field):

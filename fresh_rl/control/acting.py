@@ -99,7 +99,11 @@ def rollout(config: TrainConfig, ring: version_ring.VersionRing, env_state: Any,
     # one split for the whole rollout: the lag draw, then per step G acting keys and an env key
     keys = jax.random.split(key, 1 + T * (G + 1))
     key_lag, step_keys_ = keys[0], keys[1:].reshape(T, G + 1, *keys.shape[1:])
-    lags = sample_lags(key_lag, config.delay, G, version_ring.available_versions(ring),
+    available = version_ring.available_versions(ring)
+    if config.lag_warmup_versions:  # serve no version older than W_u (TrainConfig docstring)
+        available = jnp.minimum(available, jnp.maximum(
+            ring.latest_version - config.lag_warmup_versions, 0).astype(available.dtype) + 1)
+    lags = sample_lags(key_lag, config.delay, G, available,
                        fixed_lag=lag if config.delay.kind == "fixed" else None)
     group_params, group_versions = version_ring.gather(ring, lags)
     env_versions = group_versions[actor_group_ids(config.num_envs, G)]

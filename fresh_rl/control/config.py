@@ -99,6 +99,12 @@ class TrainConfig:
         (default, docs/vaco.md) or ``"gae_like"`` v_t − V_t.
       delay: backward-lag distribution and ring size K (``fresh_rl.lag.DelayConfig``).
       num_actor_groups: G groups of num_envs/G envs, each with its own lag draw.
+      lag_warmup_versions: W_u ≥ 0. The actors act on-policy while the learner's latest version
+        v < W_u, and afterwards with the drawn lag clipped to v − W_u, so the oldest version they
+        ever act with is W_u: the lag ramps up one version per version after the warm-up and
+        the ring never serves θ0 to a lagged actor. 0 (the default) is no warm-up: a lag L
+        serves θ0 until v = L (our choice of mechanism; the VACO paper does not say how its
+        actors start).
       data_source: a name registered in :data:`fresh_rl.control.data_sources.DATA_SOURCES`.
       replay: the replay sources' static settings (:class:`~fresh_rl.control.data_sources.ReplaySettings`).
       route: the old-log-prob route (:data:`fresh_rl.corrections.routes.ROUTES`) that fills the
@@ -157,6 +163,7 @@ class TrainConfig:
     vaco_advantage: str = "impala"
     delay: DelayConfig = DelayConfig()
     num_actor_groups: int = 1
+    lag_warmup_versions: int = 0
     data_source: str = "lagged_actors"
     replay: ReplaySettings = ReplaySettings()
     route: Optional[str] = None
@@ -185,6 +192,7 @@ class TrainConfig:
         if self.passes_per_batch is not None:
             require_int("passes_per_batch", self.passes_per_batch, 1)
         require_int("num_actor_groups", self.num_actor_groups, 1, self.num_envs)
+        require_int("lag_warmup_versions", self.lag_warmup_versions, 0)
         require_int("total_env_steps", self.total_env_steps, self.batch_size)
         if self.num_envs % self.num_actor_groups:
             raise ValueError(
