@@ -182,6 +182,33 @@ def _on_grid(tau: float, taus) -> str:
     return f"(between {low:g} and {min(t for t in taus if t > tau):g})"
 
 
+def _reading(scale: Scale, table: dict, tau_arms: list, picked: dict) -> list[str]:
+    """The shape of score against τ, the matched-updates control and the tuning edge, as
+    bullet lines computed from the scoring table (seed means; the verdicts test them)."""
+    means = [table[a]["mean"] for a in tau_arms]  # τ ascending, then ∞
+    best = tau_arms[int(np.argmax(means))]
+    monotone = all(x >= y for x, y in zip(means, means[1:]))
+    shape = (f"falls monotonically with τ, from {means[0]:.4f} at τ = {scale.taus[0]:g} to "
+             f"{means[-1]:.4f} at τ = ∞ (PER)" if monotone else
+             f"is highest at `{best}` ({max(means):.4f}); PER (τ = ∞) {means[-1]:.4f}")
+    lines = [f"- Seed-mean J over the run {shape}; mean sampled age "
+             f"{table[tau_arms[0]]['sampled_age']:.1f} versions at the smallest τ against "
+             f"{table['per_authors']['sampled_age']:.1f} for PER."]
+    epochs = table["onpolicy_epochs"]["mean"]
+    above = [a for a in tau_arms if table[a]["mean"] >= epochs]
+    decay_helps = max(means[:-1]) > means[-1]
+    lines.append(f"- The matched-updates control (1 + K epochs on the fresh batch) scores {epochs:.4f}: "
+                 + (f"at or below {', '.join(above)}." if above else "above every replay arm"
+                    + (", so on this bed the decay helps by bringing the replayed data closer to the "
+                       "fresh batch, and fresh data does better still." if decay_helps else ".")))
+    edge = sorted({lr for lr in picked.values() if lr == max(scale.learning_rates)})
+    if edge:
+        lines.append(f"- {sum(lr == edge[0] for lr in picked.values())} of {len(picked)} arms picked "
+                     f"the grid's largest learning rate, {edge[0]}; the grid was declared before the "
+                     "runs, so no larger rate was tried.")
+    return lines
+
+
 def _mean_age(counts) -> float:
     counts = np.asarray(counts, np.float64)
     return float((counts * np.arange(counts.shape[-1])).sum() / max(counts.sum(), 1))
@@ -335,6 +362,10 @@ def write_outputs(scale: Scale, pilot: dict, tuning: dict, grid, out, out_dir: P
         "Tuning means per learning rate: `tuning.csv`. Score against τ: `score_vs_tau.png`. The "
         "sampled-age gap is the gate of every FreshPER-vs-PER cell (≥ 20%, "
         "experiments/claims/freshper_bandit.toml).",
+        "",
+        "## Reading",
+        "",
+        *_reading(scale, table, tau_arms, picked),
         "",
         "## Verdicts",
         "",
