@@ -272,8 +272,9 @@ def write_outputs(scale: Scale, pilot: dict, tuning: dict, grid, out, out_dir: P
     for tau in scale.taus:
         axes[0].axvline(tau, color="grey", lw=0.5)
     axes[0].set(xlabel="age (versions); grey: the τ grid", ylabel="exact ESS/n (on-policy pilot)",
-                xscale="symlog")
-    axes[1].set(xlabel="age (versions)", ylabel="exact KL(β‖π)", yscale="log", xscale="symlog")
+                xscale="symlog", xlim=(0, ages[-1]))
+    axes[1].set(xlabel="age (versions)", ylabel="exact KL(β‖π)", yscale="log", xscale="symlog",
+                xlim=(0, ages[-1]))
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out_dir / "ess_vs_age.png", dpi=110)
