@@ -168,11 +168,10 @@ def freshper_bandit_reader(root: Path):
         for metric in ("final_expected_reward", "mean_expected_reward"):
             table.setdefault((r["arm"], metric), {})[int(r["seed"])] = float(r[metric])
         ages.setdefault(r["arm"], []).append(float(r["mean_sampled_age"]))
-    picked = [r for r in _rows(study / "tuning.csv")
-              if r["picked"] == "True" and r["method"] == "freshper_authors"]
-    best_tau = max(picked, key=lambda r: float(r["mean_expected_reward"]))["arm"]
-    uniform_lr = next(r["learning_rate"] for r in _rows(study / "tuning.csv")
-                      if r["arm"] == "uniform" and r["picked"] == "True")
+    picked = [r for r in _rows(study / "tuning.csv") if r["picked"] == "True"]
+    best_tau = max((r for r in picked if r["method"] == "freshper_authors"),
+                   key=lambda r: float(r["mean_expected_reward"]))["arm"]
+    uniform_lr = next(r["learning_rate"] for r in picked if r["arm"] == "uniform")
     ess = _uniform_replay_ess(study, ("learning_rate",))[(uniform_lr,)]
 
     def arm_of(arm, cell):

@@ -345,7 +345,7 @@ def test_a_learning_rate_sweep_is_rows_of_one_program(params):
     with pytest.raises(ValueError, match="learning_rates"):
         ap.train_loop(rl, config, [0, 0], 1, params=params, env=ENV, model_config=MODEL,
                       learning_rates=rates[:1])
-    with pytest.raises(ValueError, match="learning_rate must be finite"):
+    with pytest.raises(ValueError, match=r"learning_rate must be in \(0\.0, inf\)"):
         ap.train_loop(rl, config, [0, 0], 1, params=params, env=ENV, model_config=MODEL,
                       learning_rates=(1e-4, -1.0))
     state, history = ap.train_loop(rl, config, [0, 0], 1, params=params, env=ENV,

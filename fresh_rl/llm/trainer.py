@@ -52,7 +52,7 @@ from fresh_rl.llm.rollout import Episodes, model_policy, run_episodes
 from fresh_rl.llm.sampler import LOGPROB_CHUNK_TOKENS, SamplingConfig, token_logprobs_and_entropy
 from fresh_rl.sweep.keys import seed_key, seed_keys, split_run_key
 from fresh_rl.sweep.loop import run_loop
-from fresh_rl.validation import require_choice, require_in_range, require_int
+from fresh_rl.validation import check_in_range, is_traced, require_choice, require_in_range, require_int
 
 ESTIMATORS = ("grpo", "reinforce_pp")
 COMPUTE_DTYPES = ("float32", "bfloat16")
@@ -286,13 +286,12 @@ def current_learning_rate(state: TrainState) -> jax.Array:
 def with_learning_rate(state: TrainState, learning_rate) -> TrainState:
     """``state`` whose next updates use ``learning_rate``: a scalar, or one value per row of a
     state with a leading row axis (an lr grid in one program). ``ValueError`` for a concrete
-    value that is not finite and > 0."""
+    value outside (0, ∞) (:func:`fresh_rl.validation.check_in_range`)."""
+    check_in_range("learning_rate", learning_rate, 0.0, math.inf, low_inclusive=False,
+                   high_inclusive=False)
     current = current_learning_rate(state)
     value = jnp.broadcast_to(jnp.asarray(learning_rate, current.dtype), current.shape)
-    if not isinstance(value, jax.core.Tracer):
-        host = np.asarray(value)
-        if not np.all(np.isfinite(host) & (host > 0)):
-            raise ValueError(f"learning_rate must be finite and > 0, got {host}")
+    if not is_traced(value):
         value = jax.device_put(value, current.sharding)  # where the state's leaf lives
     hyper = {**state.opt_state[1].hyperparams, "learning_rate": value}
     adamw = state.opt_state[1]._replace(hyperparams=hyper)

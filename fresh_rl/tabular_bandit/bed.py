@@ -209,18 +209,21 @@ def kl_divergence(behaviour_logits: jax.Array, logits: jax.Array) -> jax.Array:
     return jnp.sum(jnp.exp(log_b) * (log_b - log_p))
 
 
+def _log_step_second_moments(behaviour_logits: jax.Array, logits: jax.Array) -> jax.Array:
+    """``[T]`` log E_β[w_t²] = log Σ_a π_t(a)²/β_t(a) of the per-position weights w_t = π_t/β_t."""
+    log_b, log_p = log_policy(behaviour_logits), log_policy(logits)
+    return jax.nn.logsumexp(2 * log_p - log_b, axis=-1)
+
+
 def ess_fraction(behaviour_logits: jax.Array, logits: jax.Array) -> jax.Array:
     """Exact ESS/n = 1/E_β[w²] of sequence weights w = π/β: ``exp(−Σ_t log Σ_a π²/β)``."""
-    log_b, log_p = log_policy(behaviour_logits), log_policy(logits)
-    log_second_moment = jax.nn.logsumexp(2 * log_p - log_b, axis=-1).sum()
-    return jnp.exp(-log_second_moment)
+    return jnp.exp(-_log_step_second_moments(behaviour_logits, logits).sum())
 
 
 def step_ess_fraction(behaviour_logits: jax.Array, logits: jax.Array) -> jax.Array:
     """Exact per-step ESS/n: the mean over positions t of ``1 / Σ_a π_t(a)²/β_t(a)``, the ESS of
     single-token weights π_t/β_t (what a token-level correction sees)."""
-    log_b, log_p = log_policy(behaviour_logits), log_policy(logits)
-    return jnp.mean(jnp.exp(-jax.nn.logsumexp(2 * log_p - log_b, axis=-1)))
+    return jnp.mean(jnp.exp(-_log_step_second_moments(behaviour_logits, logits)))
 
 
 # ------------------------------------------------------------------------------ training
