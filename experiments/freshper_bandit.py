@@ -3,7 +3,7 @@
 The bed (:mod:`fresh_rl.tabular_bandit`) is a tabular softmax policy over 4-token sequences of
 8 actions with a graded sparse reward, so expected reward J, KL(β‖π) and ESS/n of every stored
 behaviour policy are exact. Three stages, each one vmapped program over a
-``fresh_rl.sweep.product_grid`` run by ``fresh_rl.sweep.run_sharded`` in chunks saved as they
+``fresh_rl.sweep.product_grid`` run by ``fresh_rl.sweep.run_stage`` in chunks saved as they
 finish (a rerun skips the saved chunks; ``--fresh`` recomputes):
 
 1. *drift pilot* (tuning seeds): on-policy runs at every learning rate; the exact ESS/n of the
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import math
 import shutil
@@ -49,7 +48,7 @@ import numpy as np
 from fresh_rl.eval import seed_interval
 from fresh_rl.lag import fit_ess_time_constant
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
-from fresh_rl.sweep import RunCheckpointer, output_lock, product_grid, run_sharded
+from fresh_rl.sweep import output_lock, product_grid, run_stage
 from fresh_rl.sweep.study_cli import study_main
 from fresh_rl.tabular_bandit import BedConfig, method_hparams, stack_hparams, train
 
@@ -100,17 +99,9 @@ def _train_kept(bed, keep, key, hp):
 
 
 def _run_grid(bed, keep, grid, rows, directory: Path, fingerprint: str, chunk: int):
-    """``train`` over the grid rows, chunk by chunk, every chunk saved under ``directory``;
-    returns the outputs and the wall time of the invocation that finished the stage."""
-    digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:10]  # new settings, new folder
-    folder = directory.with_name(f"{directory.name}-{digest}")
-    timing = folder.with_name(folder.name + ".seconds")
-    started = time.perf_counter()
-    out = run_sharded(functools.partial(_train_kept, bed, keep), grid.keys, stack_hparams(rows),
-                      chunk_size=chunk, checkpointer=RunCheckpointer(folder, fingerprint=fingerprint))
-    if not timing.exists():
-        timing.write_text(f"{time.perf_counter() - started:.1f}\n")
-    return {k: np.asarray(v) for k, v in out.items()}, float(timing.read_text())
+    """``train`` over the grid rows as one resumable stage (:func:`fresh_rl.sweep.run_stage`)."""
+    return run_stage(functools.partial(_train_kept, bed, keep), grid.keys, stack_hparams(rows),
+                     directory=directory, fingerprint=fingerprint, chunk_size=chunk)
 
 
 def drift_pilot(scale: Scale, out_dir: Path, seed: int) -> dict:

@@ -13,7 +13,7 @@ setup); uniform, PER and FreshPER also run with a separate Adam state and with p
 separate Adam's momentum from the data replayed. Scores are learner evaluation episodes.
 
 Per task, two stages, each one vmapped program over a ``fresh_rl.sweep.product_grid`` run by
-``fresh_rl.sweep.run_sharded`` in chunks saved as they finish (a rerun skips saved chunks):
+``fresh_rl.sweep.run_stage`` in chunks saved as they finish (a rerun skips saved chunks):
 
 1. *drift pilot*: on-policy runs at every learning rate; per-step ESS/n of the stored rows
    against the learner by age, averaged over seeds and snapshots, fitted by ``exp(−a/τ_fit)``;
@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import math
 import shutil
@@ -65,7 +64,7 @@ from fresh_rl.eval import holm_over_cells, paired_claim, seed_interval
 from fresh_rl.lag import fit_ess_time_constant
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
 from fresh_rl.replay.methods import REPLAY_METHODS, replay_hparams
-from fresh_rl.sweep import RunCheckpointer, output_lock, product_grid, run_sharded
+from fresh_rl.sweep import output_lock, product_grid, run_stage
 from fresh_rl.sweep.study_cli import study_main
 
 RESULTS = REPOSITORY_ROOT / "results" / "freshper_control"
@@ -193,15 +192,9 @@ def train_kept(config: TrainConfig, key, hp) -> dict:
 
 
 def _run_grid(config, grid, hp, directory: Path, fingerprint: str, chunk: int):
-    digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:10]  # new settings, new folder
-    folder = directory.with_name(f"{directory.name}-{digest}")
-    timing = folder.with_name(folder.name + ".seconds")
-    started = time.perf_counter()
-    out = run_sharded(functools.partial(train_kept, config), grid.keys, hp, chunk_size=chunk,
-                      checkpointer=RunCheckpointer(folder, fingerprint=fingerprint))
-    if not timing.exists():
-        timing.write_text(f"{time.perf_counter() - started:.1f}\n")
-    return {k: np.asarray(v) for k, v in out.items()}, float(timing.read_text())
+    """``train_kept`` over the grid as one resumable stage (:func:`fresh_rl.sweep.run_stage`)."""
+    return run_stage(functools.partial(train_kept, config), grid.keys, hp, directory=directory,
+                     fingerprint=fingerprint, chunk_size=chunk)
 
 
 def drift_pilot(config, scale: Scale, out_dir: Path, seed: int) -> dict:

@@ -36,7 +36,7 @@ CLAIMS_DIR = REPOSITORY_ROOT / "experiments" / "claims"
 INDEX = REPOSITORY_ROOT / "results" / "VERDICTS.md"
 STAMP = "Stamped at commit "
 """Start of the index's one line that names the commit of the code that wrote it."""
-STUDY_ORDER = ("vaco", "freshper_bandit", "freshper_control", "old_logits_control", "old_logits_bpe",
+STUDY_ORDER = ("vaco", "freshper_bandit", "freshper_control_tau", "freshper_control", "old_logits_control", "old_logits_bpe",
                "llm_rl_gain", "compose", "compose_acrobot")
 
 
@@ -156,40 +156,52 @@ def vaco_reader(root: Path):
 
 # -------------------------------------------------------------------------------- FreshPER --
 
-def freshper_bandit_reader(root: Path):
-    """results/freshper_bandit/: ``runs.csv`` (one row per scoring run: arm, τ, tuned lr, seed;
-    exact final and mean J, mean sampled age), ``tuning.csv`` (the picked lr per arm and its
-    tuning-seed mean J: τ* of the finite-τ claim), ``ess_vs_age.csv`` and ``sampled_age.csv``
-    (the staleness gate). A τ cell's FreshPER arm is ``freshper_authors_tau<τ>``."""
-    study = root / "results" / "freshper_bandit"
+def freshper_tau_reader(root: Path, name: str, metrics: tuple[str, ...]):
+    """results/<name>/ of a τ-grid FreshPER study (``freshper_bandit``: no task column;
+    ``freshper_control_tau``: one cell per task): ``runs.csv`` (one row per scoring run: task,
+    arm, τ, tuned lr, seed, the ``metrics``, mean sampled age), ``tuning.csv`` (the picked lr per
+    arm and its tuning-seed score: τ* of the finite-τ claim, among the τ the claim's cells use),
+    ``ess_vs_age.csv`` and ``sampled_age.csv`` (the staleness gate). A τ cell's FreshPER arm is
+    ``freshper_authors_tau<τ>``."""
+    study = root / "results" / name
     table: dict[tuple, dict[int, float]] = {}
-    ages: dict[str, list[float]] = {}
+    ages: dict[tuple, list[float]] = {}
     for r in _rows(study / "runs.csv"):
-        for metric in ("final_expected_reward", "mean_expected_reward"):
-            table.setdefault((r["arm"], metric), {})[int(r["seed"])] = float(r[metric])
-        ages.setdefault(r["arm"], []).append(float(r["mean_sampled_age"]))
+        task = r.get("task", "")
+        for metric in metrics:
+            table.setdefault((r["arm"], task, metric), {})[int(r["seed"])] = float(r[metric])
+        ages.setdefault((r["arm"], task), []).append(float(r["mean_sampled_age"]))
     picked = [r for r in _rows(study / "tuning.csv") if r["picked"] == "True"]
-    best_tau = max((r for r in picked if r["method"] == "freshper_authors"),
-                   key=lambda r: float(r["mean_expected_reward"]))["arm"]
-    uniform_lr = next(r["learning_rate"] for r in picked if r["arm"] == "uniform")
-    ess = _uniform_replay_ess(study, ("learning_rate",))[(uniform_lr,)]
+    score = next(k for k in picked[0] if k.startswith("mean_"))  # the tuning score column
+    cell_taus = {str(t) for c in load_study(CLAIMS_DIR / f"{name}.toml")["claims"]
+                 for t in c["cells"].get("tau", [])}
+    best_tau = {}
+    for task in {r.get("task", "") for r in picked}:
+        fresh = [r for r in picked if r.get("task", "") == task and r["method"] == "freshper_authors"
+                 and f"{float(r['tau']):g}" in cell_taus]
+        best_tau[task] = max(fresh, key=lambda r: float(r[score]))["arm"]
+    cell_keys = ("task", "learning_rate") if "task" in picked[0] else ("learning_rate",)
+    ess_by_cell = _uniform_replay_ess(study, cell_keys)
+    uniform_lr = {r.get("task", ""): r["learning_rate"] for r in picked if r["arm"] == "uniform"}
+    ess = {task: ess_by_cell[(task, lr) if "task" in picked[0] else (lr,)] for task, lr in uniform_lr.items()}
 
     def arm_of(arm, cell):
         if arm == "freshper_authors":
             return f"freshper_authors_tau{float(cell['tau']):g}"
-        return best_tau if arm == "freshper_authors_best_tau" else arm
+        return best_tau.get(cell.get("task", ""), "") if arm == "freshper_authors_best_tau" else arm
 
     def series(arm, claim, cell):
-        return _series_of(table, (arm_of(arm, cell), claim["metric"]))
+        return _series_of(table, (arm_of(arm, cell), cell.get("task", ""), claim["metric"]))
 
     def measure(gate, cell):
+        task = cell.get("task", "")
         if gate["measure"] == "uniform_replay_ess":
-            return ess
+            return ess.get(task, math.nan)  # nan (a task that did not run): the cell fails its gate
         if gate["measure"] == "sampled_age_gap":
             fresh = arm_of("freshper_authors" if "tau" in cell else "freshper_authors_best_tau", cell)
-            per = float(np.mean(ages["per_authors"]))
-            return abs(float(np.mean(ages[fresh])) - per) / per if fresh in ages else math.nan
-        raise ValueError(f"freshper_bandit: unknown gate {gate['measure']!r}")
+            per, got = ages.get(("per_authors", task)), ages.get((fresh, task))
+            return abs(float(np.mean(got)) - np.mean(per)) / float(np.mean(per)) if got and per else math.nan
+        raise ValueError(f"{name}: unknown gate {gate['measure']!r}")
 
     return series, measure
 
@@ -347,7 +359,11 @@ def compose_reader(root: Path, folder: str = "compose"):
 
 
 READERS: dict[str, Callable] = {"compose": compose_reader,
-                                "compose_acrobot": lambda root: compose_reader(root, "compose_acrobot"), "vaco": vaco_reader, "freshper_bandit": freshper_bandit_reader,
+                                "compose_acrobot": lambda root: compose_reader(root, "compose_acrobot"), "vaco": vaco_reader,
+                                "freshper_bandit": lambda root: freshper_tau_reader(
+                                    root, "freshper_bandit", ("final_expected_reward", "mean_expected_reward")),
+                                "freshper_control_tau": lambda root: freshper_tau_reader(
+                                    root, "freshper_control_tau", ("final_return", "mean_eval_return")),
                                 "freshper_control": freshper_control_reader,
                                 "old_logits_control": old_logits_control_reader,
                                 "old_logits_bpe": old_logits_bpe_reader, "llm_rl_gain": llm_rl_gain_reader}

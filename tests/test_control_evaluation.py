@@ -26,7 +26,7 @@ from fresh_rl.control import TrainConfig, VecEnv, evaluate, evaluation_key, netw
 from fresh_rl.control.env_types import RunningStats
 from fresh_rl.control.acting import log_probs
 from fresh_rl.corrections import tv_estimate
-from fresh_rl.eval import eval_area_under_curve, eval_final_score, eval_initial_score
+from fresh_rl.eval import eval_area_under_curve, eval_final_score, eval_initial_score, eval_mean_score
 from fresh_rl.lag import DelayConfig, version_ring
 from fresh_rl.sweep.keys import split_run_key, step_key
 
@@ -198,6 +198,7 @@ def test_eval_scores_on_a_hand_computed_curve():
     np.testing.assert_allclose(eval_area_under_curve(values, valid), [14 / 4, (2 * 2 / 2 + 2 * 6 / 2) / 4])
     np.testing.assert_allclose(eval_final_score(values, valid), [7.0, 4.0])  # 3 points: the last one
     np.testing.assert_allclose(eval_initial_score(values, valid), [1.0, 0.0])  # and the first one
+    np.testing.assert_allclose(eval_mean_score(values, valid), [11 / 3, 6 / 3])  # (1+3+7)/3, (0+2+4)/3
     assert eval_area_under_curve(values[0], [0, 0, 1, 0, 0, 0]) == 9.0
     with pytest.raises(ValueError, match="valid"):
         eval_final_score(values, np.zeros(6))

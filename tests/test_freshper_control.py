@@ -124,12 +124,12 @@ def tau_inf_runs():
 
 
 def test_drift_by_age_matches_numpy(tau_inf_runs):
-    """The trainer's last drift snapshot (per-age ESS/n and k3 KL of the stored rows) against a
-    plain NumPy loop over the slots of the final buffer."""
+    """The trainer's last drift snapshot (per-age per-step and per-row ESS/n and k3 KL of the
+    stored rows) against a plain NumPy loop over the slots of the final buffer."""
     config, (out, _) = tau_inf_runs
     buf = jax.tree.map(lambda x: x[0], out.state.replay.buffer)
     params = jax.tree.map(lambda x: x[0], out.params)
-    drift = {k: np.asarray(out.metrics[f"drift/{k}"][0, -1]) for k in ("ess", "kl")}
+    drift = {k: np.asarray(out.metrics[f"drift/{k}"][0, -1]) for k in ("ess", "ess_row", "kl")}
     policy, _ = TINY.network().apply(params, buf.experience["obs"])
     log_r = np.asarray(networks.log_prob(policy, buf.experience["action"])
                        - buf.experience["behaviour_log_prob"], np.float64)
@@ -140,6 +140,11 @@ def test_drift_by_age_matches_numpy(tau_inf_runs):
             assert drift["ess"][a] == -1.0
             continue
         r = np.exp(log_r[sel]).ravel()
+        # trajectory weights Π_t r_t of the rows of that age (T = 8 steps), in float64
+        w = np.exp(log_r[sel].sum(-1))
+        # the trainer sums T = 8 float32 log-ratios of |log r| ≲ 1 (error ≲ 8 ulp ≈ 1e-6 in log w, so
+        # relative in w) and the 2 rows' weights: ≲ 1e-5 relative in ESS/n; rtol 1e-4 covers it
+        np.testing.assert_allclose(drift["ess_row"][a], w.sum() ** 2 / (w.size * (w * w).sum()), rtol=1e-4)
         # ESS: float32 sums of ≤ 64 ratios and log π from another forward (Δ ≲ 1e-6): ≲ 1e-5, rtol 1e-4
         np.testing.assert_allclose(drift["ess"][a], r.sum() ** 2 / (r.size * (r * r).sum()), rtol=1e-4)
         # k3 = (r − 1) − log r in float32 keeps exp's rounding, ≤ 1 ulp(r) ≈ 1.2e-7 per step (r < 2), which

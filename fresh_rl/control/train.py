@@ -30,9 +30,9 @@ fresh gradient steps of the loss's metrics plus ``value_loss``, ``entropy``, ``l
 (mean |log π_old − log β|) and ``grad_norm``, ``old_logits/…`` — the route's forwards and resets,
 the engine's true mean |log r_d| and the staleness mean |log π_T/π_v|; with
 ``eval_every`` > 0 the learner's ``eval/return_deterministic``, ``eval/return_stochastic`` and
-``eval/valid``. With ``replay.drift_every`` > 0: ``drift/ess`` and ``drift/kl``
-``[iterations/drift_every, H]``, per age the ESS/n and k3 KL(β‖π_θ) of the stored steps (−1
-where no row of that age is stored).
+``eval/valid``. With ``replay.drift_every`` > 0: ``drift/ess``, ``drift/ess_row`` and ``drift/kl``
+``[iterations/drift_every, H]``, per age the per-step and per-row (trajectory) ESS/n and the k3
+KL(β‖π_θ) of the stored rows (−1 where no row of that age is stored; :func:`drift_by_age`).
 **Hyperparameters**: every sweepable value is a leaf of the traced
 :class:`~fresh_rl.control.hyperparams.HyperParams`; the config supplies only its defaults.
 """
@@ -309,8 +309,15 @@ def train_iteration(config: TrainConfig, state: TrainState, key: chex.PRNGKey,
 
 
 def drift_by_age(config: TrainConfig, params, replay: ReplayState) -> dict:
-    """Per-step ESS/n = (Σ r)²/(n Σ r²) and k3 KL(β‖π_θ) ≈ mean((r − 1) − log r) of the stored
-    rows, r = π_θ/β, by age ``[H]`` (−1: no row of that age)."""
+    """Staleness of the stored rows against the learner π_θ, by age ``[H]`` (−1: no row of that
+    age), r = π_θ/β per step:
+
+    * ``ess``: per-step ESS/n = (Σ r)²/(n Σ r²) over every step of the rows of that age;
+    * ``ess_row``: trajectory-level ESS/n of the row weights w = Π_t r_t (a row is one env's T
+      steps, the unit replay samples), (Σ w)²/(m Σ w²) over the m rows of that age (≥ 1/m);
+      the sequence weight FreshPER's ESS ∝ exp(−KL) argument is about (arXiv 2604.16918 §3);
+    * ``kl``: k3 KL(β‖π_θ) ≈ mean((r − 1) − log r) per step.
+    """
     items = replay.experience
     h, t = config.replay.buffer_iterations, config.rollout_length
     rows = items["reward"].shape[0]
@@ -323,8 +330,15 @@ def drift_by_age(config: TrainConfig, params, replay: ReplayState) -> dict:
     sums = jax.ops.segment_sum(jnp.stack([jnp.sum(r, 1), jnp.sum(r * r, 1), jnp.sum(k3, 1),
                                           jnp.full((rows,), float(t))], axis=1), ages, num_segments=h + 1)[:h]
     s, s2, kl, n = sums.T
+    log_w = jnp.sum(log_r, 1)  # row weights in log space, scaled by their age's largest: no overflow
+    top = jax.ops.segment_max(log_w, ages, num_segments=h + 1)
+    w = jnp.exp(log_w - top[ages])
+    w_sums = jax.ops.segment_sum(jnp.stack([w, w * w, jnp.ones_like(w)], axis=1), ages,
+                                 num_segments=h + 1)[:h]
+    ws, ws2, m = w_sums.T
     seen = n > 0
     return {"ess": jnp.where(seen, s * s / jnp.maximum(n * s2, 1e-30), -1.0),
+            "ess_row": jnp.where(seen, ws * ws / jnp.maximum(m * ws2, 1e-30), -1.0),
             "kl": jnp.where(seen, kl / jnp.maximum(n, 1.0), -1.0)}
 
 
@@ -357,7 +371,7 @@ def train(config: TrainConfig, key: chex.PRNGKey, hparams: Optional[HyperParams]
 
     state, (metrics, drift) = jax.lax.scan(chunk, state, keys.reshape(-1, every, *keys.shape[1:]))
     metrics = {k: v.reshape(-1, *v.shape[2:]) for k, v in metrics.items()}
-    metrics.update({"drift/ess": drift["ess"], "drift/kl": drift["kl"]})
+    metrics.update({f"drift/{k}": v for k, v in drift.items()})
     return TrainOutput(params=state.params, state=state, metrics=metrics)
 
 

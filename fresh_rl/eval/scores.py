@@ -57,6 +57,12 @@ def eval_initial_score(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
     return _eval_rows(values, valid, lambda _, y: y[:max(1, len(y) // 10)].mean())
 
 
+def eval_mean_score(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Mean over all of a run's evaluation points, per run ``[...]``: how fast the learner
+    learns (steadier than a final score when final returns are bimodal, as on CartPole)."""
+    return _eval_rows(values, valid, lambda _, y: y.mean())
+
+
 def eval_area_under_curve(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """Area under the evaluation curve normalised by iterations: the trapezoid integral of
     the points ``(i, values_i)`` over the valid iterations i, divided by ``i_last − i_first``

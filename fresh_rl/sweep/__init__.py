@@ -3,7 +3,8 @@
 * :mod:`.keys` — the seed → key schedule of every run (:func:`seed_key`, :func:`split_run_key`,
   :func:`step_key`).
 * :mod:`.grid` — :func:`product_grid`, :func:`run_sharded` (one vmapped program, grid axis
-  sharded over a ``("grid",)`` mesh, chunked, resumable per chunk), :func:`to_host`.
+  sharded over a ``("grid",)`` mesh, chunked, resumable per chunk), :func:`run_stage` (one
+  resumable stage of a study: a folder per fingerprint, progress, wall time), :func:`to_host`.
 * :mod:`.distributed` — :func:`initialize_distributed`, :func:`launch_local`: one grid over
   several processes (one machine, TPU pod slices, SLURM jobs).
 * :mod:`.loop` — :func:`run_loop`, the host loop of every trainer (chunked scans or per-step
@@ -20,7 +21,7 @@
 from fresh_rl.sweep.checkpoint import CheckpointError, RunCheckpointer, RunIdentityError, progress_printer
 from fresh_rl.sweep.distributed import (DistributedSetupError, LaunchError, initialize_distributed, is_primary,
                                         launch_local)
-from fresh_rl.sweep.grid import Grid, grid_mesh, product_grid, run_sharded, to_host
+from fresh_rl.sweep.grid import Grid, grid_mesh, product_grid, run_sharded, run_stage, to_host
 from fresh_rl.sweep.identity import claim_folder
 from fresh_rl.sweep.integrity import NonFiniteError, nonfinite_cells, tree_checksum
 from fresh_rl.sweep.keys import seed_key, seed_keys, split_run_key, step_key, step_keys
@@ -47,6 +48,7 @@ __all__ = [
     "progress_printer",
     "run_loop",
     "run_sharded",
+    "run_stage",
     "seed_key",
     "seed_keys",
     "split_run_key",

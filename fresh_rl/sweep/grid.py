@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import itertools
 import math
+import time
+from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax
@@ -30,6 +33,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from fresh_rl.sweep.checkpoint import RunCheckpointer, progress_printer
 from fresh_rl.sweep.keys import seed_keys
 from fresh_rl.validation import checked_result, checkify_if_checked, require_int
 
@@ -100,7 +104,8 @@ def _pad(tree, size: int):
 
 
 def run_sharded(fn: Callable[..., Any], *grid_args, mesh: Optional[Mesh] = None,
-                chunk_size: Optional[int] = None, pad: bool = True, checkpointer=None) -> Any:
+                chunk_size: Optional[int] = None, pad: bool = True, checkpointer=None,
+                on_chunk: Optional[Callable[[int, int, float], None]] = None) -> Any:
     """``vmap(fn)`` over the leading (grid) axis of ``grid_args``, sharded over ``mesh``.
 
     Args:
@@ -116,6 +121,8 @@ def run_sharded(fn: Callable[..., Any], *grid_args, mesh: Optional[Mesh] = None,
       checkpointer: a :class:`~fresh_rl.sweep.checkpoint.RunCheckpointer`: the gathered outputs
         are saved after every chunk and a rerun continues after the last saved chunk (its
         fingerprint must name the grid and everything in ``fn``). All processes call it.
+      on_chunk: called after every computed chunk of a checkpointed run as ``on_chunk(points
+        done, points, seconds per point)`` (e.g. :func:`~fresh_rl.sweep.checkpoint.progress_printer`).
     Returns:
       The stacked outputs, each leaf a global ``jax.Array`` with the grid axis sharded over the
       mesh (one chunk) or concatenated on the host's default device (several chunks); NumPy
@@ -154,7 +161,7 @@ def run_sharded(fn: Callable[..., Any], *grid_args, mesh: Optional[Mesh] = None,
 
     if checkpointer is not None:
         return _run_chunks_checkpointed(run_chunk, traced.out_info[1] if checkified else traced.out_info, n,
-                                        checkpointer)
+                                        checkpointer, on_chunk)
     outputs = [run_chunk(start) for start in range(0, n, chunk)]
     if len(outputs) == 1:
         return outputs[0]
@@ -162,9 +169,10 @@ def run_sharded(fn: Callable[..., Any], *grid_args, mesh: Optional[Mesh] = None,
                                                      for x in xs]), *outputs)
 
 
-def _run_chunks_checkpointed(run_chunk, shapes, n, checkpointer):
+def _run_chunks_checkpointed(run_chunk, shapes, n, checkpointer, on_chunk=None):
     """Chunks in order, the gathered outputs saved after each; resumes after the last saved.
-    ``shapes``: one chunk's output shapes."""
+    ``shapes``: one chunk's output shapes; ``on_chunk(done, n, seconds per point)`` after each
+    computed chunk (the rate of this invocation's chunks, compilation included)."""
     chunk = jax.tree.leaves(shapes)[0].shape[0]
     abstract = {"outputs": jax.tree.map(lambda s: jax.ShapeDtypeStruct((n,) + s.shape[1:], s.dtype), shapes),
                 "points_done": jax.ShapeDtypeStruct((), np.int32)}
@@ -174,6 +182,7 @@ def _run_chunks_checkpointed(run_chunk, shapes, n, checkpointer):
                 "points_done": np.int32(0)}
     else:
         tree = jax.tree.map(np.array, restored[1])
+    started, resumed_at = time.perf_counter(), int(tree["points_done"])
     for index, start in enumerate(range(0, n, chunk)):
         if start < int(tree["points_done"]):
             continue
@@ -182,7 +191,29 @@ def _run_chunks_checkpointed(run_chunk, shapes, n, checkpointer):
             target[start:start + value.shape[0]] = value
         tree["points_done"] = np.int32(min(n, start + chunk))
         checkpointer.save(index + 1, tree)
+        if on_chunk is not None:
+            done = int(tree["points_done"])
+            on_chunk(done, n, (time.perf_counter() - started) / (done - resumed_at))
     return tree["outputs"]
+
+
+def run_stage(fn: Callable[..., Any], *grid_args, directory, fingerprint: str, chunk_size: int,
+              label: str = "") -> tuple[dict, float]:
+    """One resumable stage of a study: :func:`run_sharded` of ``fn`` over ``grid_args``, each
+    chunk saved in ``<directory>-<hash of fingerprint>`` (new settings, new folder; a rerun
+    restores the saved chunks), progress on stderr. Returns the outputs as NumPy arrays and the
+    wall time of the invocation that finished the stage (kept in ``<folder>.seconds``)."""
+    directory = Path(directory)
+    digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:10]
+    folder = directory.with_name(f"{directory.name}-{digest}")
+    timing = folder.with_name(folder.name + ".seconds")
+    started = time.perf_counter()
+    out = run_sharded(fn, *grid_args, chunk_size=chunk_size,
+                      checkpointer=RunCheckpointer(folder, fingerprint=fingerprint),
+                      on_chunk=progress_printer(label or directory.name))
+    if not timing.exists():
+        timing.write_text(f"{time.perf_counter() - started:.1f}\n")
+    return {k: np.asarray(v) for k, v in out.items()}, float(timing.read_text())
 
 
 def to_host(tree) -> Any:
