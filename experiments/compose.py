@@ -22,7 +22,9 @@ The actors are lagged (a geometric delay of mean 8 versions per actor group and 
 groups), so every correction has something to correct. Settings are documented defaults, none
 tuned (experiments/claims/compose.toml): δ = 0.2 (VACO's), τ = H/2 iterations (the FreshPER
 authors' capacity/(2·batch) heuristic, H = 16 iterations of buffer, K = 2 replay updates per
-iteration), EWMA β = W/(W + 2) with reset threshold 0.9. The seeds of an arm are one vmapped
+iteration), EWMA β = W/(W + 2) = 32/34 from the ring's window W = 32 (the ``half_window`` variant,
+pinned: the library's default rule would centre θ_ref on the mean lag 8, β = 8/9) with reset
+threshold 0.9. The seeds of an arm are one vmapped
 program; an arm's finished runs are saved (``runs/<arm>.npz``) and reused on a rerun, so the
 study resumes where it stopped. Claims and verdicts: results/VERDICTS.md (``experiments/verdicts.py``).
 """
@@ -71,6 +73,7 @@ def _base(env_name: str, total_env_steps: int, num_envs: int, rollout_length: in
         learning_rate=1e-3, normalize_obs=True, hidden_sizes=(64, 64), total_env_steps=total_env_steps,
         eval_every=eval_every, eval_episodes=eval_episodes,
         delay=DelayConfig.geometric(mean_lag=8.0, ring_size=33), num_actor_groups=4,
+        ewma_beta_rule="half_window",  # β = W/(W + 2) = 32/34, the β of the committed runs (docstring)
         replay=ReplaySettings(extra_updates=2, buffer_iterations=buffer_iterations,
                               age_decay_tau=buffer_iterations / 2))
 

@@ -183,7 +183,7 @@ def write_readme(scale: Scale, results: dict, t: dict, out_dir: Path, header: di
     tau_arms = [a for a in named if named[a][0] == "freshper_authors"] + ["per_authors"]
     figs = {name: plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
             for name in ("score_vs_tau", "ess_vs_age")}
-    drift_lines, score_lines = [], []
+    drift_lines, score_lines, rule_lines = [], [], []
     for c, (env, res) in enumerate(results.items()):
         table = {r["arm"]: r for r in t["score_vs_tau"] if r["task"] == env}
         plot_score_vs_tau(figs["score_vs_tau"][1][0, c], scale.taus, [table[a] for a in tau_arms],
@@ -206,10 +206,12 @@ def write_readme(scale: Scale, results: dict, t: dict, out_dir: Path, header: di
                         f"| {interval_text(r['final'], r['final_low'], r['final_high'])} | {r['sampled_age']:.1f} | "
                         + (f"{r['buffer_over_tau']:.0f} | {100 * r['age_gap_vs_per']:.0f}% |" if a in tau_arms else " | |")
                         for a, r in table.items()]
-        score_lines.append(f"| {env} | *τ rules* | at lr {fresh_lr} | trajectory τ_ESS {d['tau_trajectory']:.1f} "
-                           f"{position_on_grid(d['tau_trajectory'], scale.taus)}; per-step τ_ESS "
-                           f"{d['tau_step']:.1f} {position_on_grid(d['tau_step'], scale.taus)}; authors' default 500 "
-                           f"{position_on_grid(500.0, scale.taus)} | | | | |")
+        rule_lines.append(f"- {env}, at lr {fresh_lr} (the rate most FreshPER arms were tuned to): τ_ESS from "
+                          f"per-row weights {d['tau_trajectory']:.1f} {position_on_grid(d['tau_trajectory'], scale.taus)}, "
+                          f"from per-step weights {d['tau_step']:.1f} {position_on_grid(d['tau_step'], scale.taus)}; the "
+                          f"authors' default 500 {position_on_grid(500.0, scale.taus)}; their capacity/(2·batch) "
+                          f"heuristic {res['config'].replay.buffer_iterations / 2:g} "
+                          f"{position_on_grid(res['config'].replay.buffer_iterations / 2, scale.taus)}.")
     for name, (fig, _) in figs.items():
         fig.tight_layout()
         fig.savefig(out_dir / f"{name}.png", dpi=110)
@@ -240,6 +242,7 @@ def write_readme(scale: Scale, results: dict, t: dict, out_dir: Path, header: di
         *score_lines, "",
         "The sampled-age gap is the gate of every FreshPER-vs-PER cell (≥ 20%); the claims use τ ≤ 30 "
         "(buffer ≥ 10 τ). `score_vs_tau.png`; tuning means: `tuning.csv`.", "",
+        "Where the rules for τ fall on the grid:", "", *rule_lines, "",
         "## Verdicts", "",
         "Decided in [results/VERDICTS.md](../VERDICTS.md#freshper_control_tau) by `python experiments/verdicts.py` "
         "from `runs.csv`, `tuning.csv`, `ess_vs_age.csv`, `sampled_age.csv` and "

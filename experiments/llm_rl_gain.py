@@ -45,7 +45,7 @@ from fresh_rl.compilation_cache import add_compilation_cache_flag
 from fresh_rl.eval import seed_interval
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm.checkpoint import add_model_flag, load_hf_model
-from fresh_rl.llm.evaluation import evaluate_policies
+from fresh_rl.llm.evaluation import EvalTask, evaluate_policies
 from fresh_rl.llm.presets import BPE_TASKS, RESULTS, RL_GAIN_RL, RL_GAIN_SCALES, RLGainScale, rl_gain_pipeline
 from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.provenance import provenance, write_csv
@@ -54,21 +54,11 @@ from fresh_rl.sweep.integrity import tree_checksum
 from fresh_rl.sweep.study_cli import NO_CHECKED, start_study
 
 
-@dataclasses.dataclass(frozen=True)
-class TaskRun:
-    """What :func:`fresh_rl.llm.evaluation.evaluate_policies` reads: one task of a scale (hashable:
-    its compiled evaluator is reused by every run of the task)."""
-
-    rl: object
-    env: object
-    eval_episodes: int
-
-
 def success_of(scale: RLGainScale, env, model_config, params) -> dict[str, float]:
     """``{"held_out": s}`` on the scale's held-out episodes (``EVAL_SEED``: the same for every
     policy), plus ``"training"``: the same number of episodes on the training prompts when the
     scale trains on a fixed prompt pool."""
-    rows = evaluate_policies(TaskRun(scale.rl, env, scale.eval_episodes), model_config, {"policy": params})
+    rows = evaluate_policies(EvalTask(scale.rl, env, scale.eval_episodes), model_config, {"policy": params})
     return {row["prompts"]: row["success"] for row in rows}
 
 

@@ -183,10 +183,11 @@ def task_text(task: TrainConfig) -> str:
     return _legacy_train_text(task) + _unexpressed(task, LEGACY_TRAIN_FIELDS)
 
 
-SLOW_REFERENCE_RULE = "centre_of_mass"
+SLOW_REFERENCE_RULE = "window"
 """β rule of the slow-reference reset stage: β = W/(W + 1), centre of mass W, twice the mean lag
-W/2 of U{0, …, W} (the library's default rule). The route comparison uses ``"mean_age"``
-(β = W/(W + 2)), centred on the batch's mean version, where a reset to θ_k has nothing to fix;
+W/2 of U{0, …, W} (the named variant ``"window"``). The route comparison uses the default
+``"mean_age"`` (β = W/(W + 2) under U{0..W}), centred on the batch's mean version, where a
+reset to θ_k has nothing to fix;
 with the slow reference θ_ref is older than most of the batch, the case a reset is meant for."""
 EWMA_ROUTES = ("ewma", "ewma_no_reset")
 """The EWMA routes: rerun by the slow-reference stage, listed in the reset tables."""

@@ -36,8 +36,8 @@ CLAIMS_DIR = REPOSITORY_ROOT / "experiments" / "claims"
 INDEX = REPOSITORY_ROOT / "results" / "VERDICTS.md"
 STAMP = "Stamped at commit "
 """Start of the index's one line that names the commit of the code that wrote it."""
-STUDY_ORDER = ("vaco", "freshper_bandit", "freshper_control_tau", "freshper_control", "old_logits_control", "old_logits_bpe",
-               "llm_rl_gain", "compose", "compose_acrobot")
+STUDY_ORDER = ("vaco", "freshper_bandit", "freshper_control_tau", "freshper_llm", "freshper_control",
+               "old_logits_control", "old_logits_bpe", "llm_rl_gain", "compose", "compose_acrobot")
 
 
 def _rows(path: Path) -> list[dict]:
@@ -206,6 +206,37 @@ def freshper_tau_reader(root: Path, name: str, metrics: tuple[str, ...]):
     return series, measure
 
 
+def freshper_llm_reader(root: Path):
+    """results/freshper_llm/: ``runs.csv`` (one row per run: arm, τ, seed, held-out success of
+    the final policy, mean replayed age) and ``ess_vs_age.csv`` (token ESS/n of PER's final
+    buffers by age: the staleness gate at PER's mean replayed age). A τ cell's FreshPER arm is
+    ``freshper_authors_tau<τ>``."""
+    study = root / "results" / "freshper_llm"
+    table: dict[tuple, dict[int, float]] = {}
+    ages: dict[str, list[float]] = {}
+    for r in _rows(study / "runs.csv"):
+        table.setdefault((r["arm"], "held_out_success"), {})[int(r["seed"])] = float(r["held_out_success"])
+        ages.setdefault(r["arm"], []).append(float(r["mean_sampled_age"]))
+    ess = {int(r["age"]): float(r["ess_fraction"]) for r in _rows(study / "ess_vs_age.csv")}
+    per_age = float(np.mean(ages["per_authors"]))
+
+    def arm_of(arm, cell):
+        return f"freshper_authors_tau{float(cell['tau']):g}" if arm == "freshper_authors" else arm
+
+    def series(arm, claim, cell):
+        return _series_of(table, (arm_of(arm, cell), claim["metric"]))
+
+    def measure(gate, cell):
+        if gate["measure"] == "per_replayed_ess":
+            return ess[min(ess, key=lambda a: abs(a - per_age))]
+        if gate["measure"] == "sampled_age_gap":
+            got = ages.get(arm_of("freshper_authors", cell))
+            return abs(float(np.mean(got)) - per_age) / per_age if got else math.nan
+        raise ValueError(f"freshper_llm: unknown gate {gate['measure']!r}")
+
+    return series, measure
+
+
 def freshper_control_reader(root: Path):
     """results/freshper_control/runs.csv (one row per run of the main study) and
     short_tau_runs.csv (one row per run of the short-τ stage: arm ``freshper_short_tau``)."""
@@ -364,7 +395,7 @@ READERS: dict[str, Callable] = {"compose": compose_reader,
                                     root, "freshper_bandit", ("final_expected_reward", "mean_expected_reward")),
                                 "freshper_control_tau": lambda root: freshper_tau_reader(
                                     root, "freshper_control_tau", ("final_return", "mean_eval_return")),
-                                "freshper_control": freshper_control_reader,
+                                "freshper_control": freshper_control_reader, "freshper_llm": freshper_llm_reader,
                                 "old_logits_control": old_logits_control_reader,
                                 "old_logits_bpe": old_logits_bpe_reader, "llm_rl_gain": llm_rl_gain_reader}
 

@@ -12,6 +12,10 @@ from fresh_rl.corrections import (
     ewma_update,
     init_ewma_reference,
 )
+from fresh_rl.control.config import TrainConfig
+from fresh_rl.control.hyperparams import HyperParams
+from fresh_rl.lag import DelayConfig, expected_lag
+from fresh_rl.llm.async_pipeline import AsyncConfig
 
 
 def make_params(seed, scale=1.0):
@@ -67,10 +71,27 @@ def test_default_beta_puts_the_reference_window_versions_behind(window):
 
 
 def test_beta_rules():  # exact: float64 W/(W + 1) etc. against the same float64 values
-    assert ewma_beta_from_staleness(4) == pytest.approx(0.8)
-    assert ewma_beta_from_staleness(4, "mean_age") == pytest.approx(4 / 6)
+    assert ewma_beta_from_staleness(4) == pytest.approx(0.8)  # mean age = W: a fixed lag
+    assert ewma_beta_from_staleness(4, "mean_age", mean_age=2.0) == pytest.approx(4 / 6)  # U{0..4}
+    assert ewma_beta_from_staleness(4, "window") == pytest.approx(0.8)
+    assert ewma_beta_from_staleness(4, "half_window") == pytest.approx(4 / 6)
     assert ewma_beta_from_staleness(4, "one_minus_inverse") == pytest.approx(0.75)
     assert ewma_beta_from_staleness(0) == 0.0  # synchronous: θ_ref = θ
+
+
+@pytest.mark.parametrize("delay", [DelayConfig.fixed(4, 5), DelayConfig.uniform(0, 4, 5), DelayConfig.uniform(0, 16, 17),
+                                   DelayConfig.geometric(3.0, 17)])
+def test_one_default_beta_for_control_and_llm_centres_the_reference_on_the_mean_lag(delay):
+    """The control trainer's and the LLM pipeline's default β are one rule: the EWMA's centre of
+    mass β/(1 − β) equals the mean version lag of the data (fixed W: W; U{0..W}: W/2)."""
+    config = TrainConfig(env_name="CartPole-v1", delay=delay, route="ewma")
+    beta = float(HyperParams.from_config(config).ewma_beta)
+    # float32 leaf of a float64 β: relative 6e-8, amplified by 1/(1 − β) ≤ 17 in the centre of mass
+    assert beta / (1 - beta) == pytest.approx(expected_lag(delay), rel=1e-5)
+    if delay.kind != "geometric":  # the LLM pipeline has the fixed and the uniform lag
+        window = delay.ring_size - 1
+        llm = AsyncConfig(staleness_window=window, lag_kind=delay.kind)
+        assert llm.beta(window) == pytest.approx(beta, rel=1e-6)  # the same rule, float32 leaf vs float64
 
 
 def test_reset_when_active_fraction_falls_below_threshold():
@@ -96,6 +117,7 @@ def test_reset_when_active_fraction_falls_below_threshold():
         (lambda: ewma_beta_from_staleness(-1), "staleness_window"),
         (lambda: ewma_beta_from_staleness(0.5, "one_minus_inverse"), "staleness_window"),
         (lambda: ewma_beta_from_staleness(2, "halflife"), "rule"),
+        (lambda: ewma_beta_from_staleness(2, mean_age=3.0), "mean_age"),
         (lambda: EWMAConfig.from_staleness(-3), "staleness_window"),
     ],
 )

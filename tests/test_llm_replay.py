@@ -166,6 +166,28 @@ def test_infinite_tau_is_exactly_standard_per(params):
     assert per[1]["replay/age_mean"][:, -1].max() > 0  # older batches were replayed
 
 
+def test_authors_pipeline_inserts_at_the_running_max_and_refreshes_what_it_samples(params):
+    """``new_item_priority="max"`` (the FreshPER authors' PER pipeline): a stored trajectory holds
+    the running max priority until a replay update samples it, then its base priority
+    |return| + ε. With the default ``"given"`` every trajectory holds its base priority."""
+    for rule in ("given", "max"):
+        config = dataclasses.replace(METHODS["per"], new_item_priority=rule)
+        state, _ = _run(config, params)
+        replay = state.replay
+        valid = np.asarray(replay.valid)
+        held = np.asarray(replay.base_priority)[valid]
+        base = np.abs(np.asarray(replay.experience["returns"]))[valid] + config.priority_eps
+        own = held == base.astype(np.float32)
+        if rule == "given":
+            assert own.all()
+            continue
+        # entered at the running max (≥ 1, the buffer's initial max) and not sampled since: a
+        # failed trajectory (base ε) still above its base; sampled ones hold their base again
+        maxed = held >= 1.0
+        assert (~own & maxed).any() and (own & ~maxed).any()
+        assert (own | maxed).all()
+
+
 def test_replayed_samples_carry_their_behaviour_log_probs_and_versions(params):
     fresh = METHODS["freshper"]
     state = rt.init_state(CONFIG, SYNC, fresh, params, ENV)
@@ -302,3 +324,16 @@ def test_ci_experiment_writes_results(ci_run):
                <= 1.0 + max(1e-6, 3 * int(r["tokens"]) * 2.0 ** -24) for r in ess)
     # ages count from the learner's version: the newest batch is 1 version old
     assert {int(r["age"]) for r in ess} == set(range(1, SCALE.iterations + 1))
+
+
+def test_ess_by_age_sequence_weights_by_hand():
+    """Sequence ESS/n of one age's trajectories from their Σ log r: weights (1, 2, ½) give
+    (3.5)²/(3 · 5.25) = 7/9; a second age with one trajectory is 1 (a single weight)."""
+    drift = {"valid": np.array([[True, True, True, True]]), "age": np.array([[2.0, 2.0, 2.0, 5.0]]),
+             "log_ratio_sum": np.log(np.array([[1.0, 2.0, 0.5, 3.0]])),
+             "ratio_sum": np.ones((1, 4)), "ratio_sq_sum": np.ones((1, 4)), "tokens": np.ones((1, 4)),
+             "kl_k1": np.zeros((1, 4)), "kl_k3": np.zeros((1, 4))}
+    points = {p["age"]: p for p in rt.ess_by_age(drift, [True])}
+    # float64 sums of three small exact-ish numbers: rtol 1e-12
+    np.testing.assert_allclose(points[2]["sequence_ess_fraction"], 7 / 9, rtol=1e-12)
+    assert points[5]["sequence_ess_fraction"] == 1.0 and points[2]["trajectories"] == 3

@@ -118,8 +118,10 @@ class TrainConfig:
       max_logit_noise: cap > 0 on the engine's logit noise σ(s).
       decoupled_mis, tis_cap: ``decoupled_ppo``'s MIS rules on r_d (default :data:`DEFAULT_MIS`)
         and the truncation C of its IS weight (``None``: no weight).
-      ewma_beta_rule: default β of the EWMA routes from W = ``delay.ring_size`` − 1
-        (:data:`fresh_rl.corrections.ewma.BETA_RULES`; ``"mean_age"`` β = W/(W + 2), our choice).
+      ewma_beta_rule: default β of the EWMA routes (:data:`fresh_rl.corrections.ewma.BETA_RULES`),
+        from W = ``delay.ring_size`` − 1 and the delay's mean lag ā: ``"mean_age"`` (the one
+        default, our choice) β = ā/(ā + 1), i.e. W/(W + 2) for lags U{0..W}, W/(W + 1) for a
+        fixed lag W; the window rules ignore ā (docs/old_logits.md, "One β rule").
       ewma_reset_threshold: default of the traced reset threshold of the ``ewma`` route, in [0, 1]
         (0.9, our choice; the study sweeps it).
       eval_every: learner evaluation every ``eval_every`` versions and at the last one

@@ -26,6 +26,7 @@ import numpy as np
 from flax import struct
 
 from fresh_rl.corrections.ewma import ewma_beta_from_staleness
+from fresh_rl.lag.delay import expected_lag
 from fresh_rl.replay.methods import EXTRAS, HPARAM_DTYPES, REPLAY_OPTIMIZERS, ReplayHParams, replay_hparams
 from fresh_rl.validation import check_in_range, is_traced
 
@@ -113,7 +114,8 @@ class HyperParams:
         own route; batched, vmap evaluates every branch and selects, so all routes of a study
         share one compiled program.
       ewma_beta: β ∈ [0, 1] of the EWMA routes' θ_ref ← β θ_ref + (1 − β) θ
-        [``ewma_beta_rule`` at W = ``delay.ring_size`` − 1].
+        [``ewma_beta_rule`` at W = ``delay.ring_size`` − 1 and the config's mean lag
+        :func:`fresh_rl.lag.expected_lag` (a grid over ``lag`` sets its own β)].
       ewma_reset_threshold: the ``ewma`` route's auto-reset threshold on the MIS-active
         fraction, in [0, 1] [``ewma_reset_threshold``].
       replay_extra, age_decay_tau, importance_exponent, uniform_priority, insert_at_max,
@@ -171,7 +173,8 @@ class HyperParams:
                         learning_rate=config.learning_rate, entropy_coef=config.entropy_coef,
                         value_coef=config.value_coef, kl_coef=config.kl_coef, gamma=config.gamma,
                         route=config.routes_used.index(config.route_used),
-                        ewma_beta=ewma_beta_from_staleness(config.delay.ring_size - 1, config.ewma_beta_rule),
+                        ewma_beta=ewma_beta_from_staleness(config.delay.ring_size - 1, config.ewma_beta_rule,
+                                                           expected_lag(config.delay)),
                         ewma_reset_threshold=config.ewma_reset_threshold,
                         **{leaf: replay[field] for leaf, field in _REPLAY_LEAVES.items()})
         return cls(**{n: jnp.asarray(v, cls.dtype(n)) for n, v in defaults.items()})

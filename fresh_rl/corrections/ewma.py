@@ -25,25 +25,36 @@ from flax import struct
 
 from fresh_rl.validation import check_in_range, require_choice, require_in_range
 
-BETA_RULES = ("centre_of_mass", "mean_age", "one_minus_inverse")
+BETA_RULES = ("mean_age", "window", "half_window", "one_minus_inverse")
+"""β rules of :func:`ewma_beta_from_staleness`: ``"mean_age"`` is the default of every code path
+(control and LLM); the others are named variants (docs/old_logits.md, "One β rule")."""
 
 
-def ewma_beta_from_staleness(staleness_window: float, rule: str = "centre_of_mass") -> float:
-    """β from the staleness window W (the maximum version lag), by a documented rule.
+def ewma_beta_from_staleness(staleness_window: float, rule: str = "mean_age",
+                             mean_age: Optional[float] = None) -> float:
+    """β of the EWMA reference from the staleness of the data, by a documented rule.
 
-    The paper's formula is unknown (docs/old_logits.md); the rules match the EWMA centre of
-    mass β/(1 − β) to an age:
-      ``"centre_of_mass"`` (default): β = W/(W + 1), centre of mass W;
-      ``"mean_age"``: β = W/(W + 2), centre of mass W/2 (mean age of uniformly stale data);
-      ``"one_minus_inverse"``: β = 1 − 1/W, centre of mass W − 1 (needs W ≥ 1).
-    W = 0 (synchronous) gives β = 0, i.e. θ_ref = θ, for the first two rules.
+    The paper's formula is unknown (docs/old_logits.md). The EWMA of versions θ_v has its centre
+    of mass β/(1 − β) versions in the past; each rule places it at an age:
+      ``"mean_age"`` (the default): at the data's mean version lag ā, β = ā/(ā + 1) — ā =
+        ``mean_age``, else W (every datum W versions old, a fixed lag). A fixed lag W gives
+        W/(W + 1), a uniform lag U{0..W} (ā = W/2) gives W/(W + 2), a geometric lag of mean m
+        gives m/(m + 1);
+      ``"window"``: at the window W whatever the lag distribution, β = W/(W + 1);
+      ``"half_window"``: at W/2 whatever the lag distribution, β = W/(W + 2);
+      ``"one_minus_inverse"``: at W − 1, β = 1 − 1/W (needs W ≥ 1).
+    W = 0 (synchronous) gives β = 0, i.e. θ_ref = θ, for every rule but the last.
     """
     require_choice("rule", rule, BETA_RULES)
     low = 1.0 if rule == "one_minus_inverse" else 0.0
     require_in_range("staleness_window", staleness_window, low, math.inf)
-    if rule == "centre_of_mass":
-        return staleness_window / (staleness_window + 1.0)
     if rule == "mean_age":
+        age = staleness_window if mean_age is None else mean_age
+        require_in_range("mean_age", age, 0.0, staleness_window)
+        return age / (age + 1.0)
+    if rule == "window":
+        return staleness_window / (staleness_window + 1.0)
+    if rule == "half_window":
         return staleness_window / (staleness_window + 2.0)
     return 1.0 - 1.0 / staleness_window
 
@@ -69,10 +80,11 @@ class EWMAConfig:
 
     @classmethod
     def from_staleness(
-        cls, staleness_window: float, rule: str = "centre_of_mass", reset_active_fraction: Optional[float] = 0.9
+        cls, staleness_window: float, rule: str = "mean_age", reset_active_fraction: Optional[float] = 0.9,
+        mean_age: Optional[float] = None,
     ) -> "EWMAConfig":
-        """Config with β = :func:`ewma_beta_from_staleness` (W, rule)."""
-        return cls(ewma_beta_from_staleness(staleness_window, rule), reset_active_fraction)
+        """Config with β = :func:`ewma_beta_from_staleness` (W, rule, mean age)."""
+        return cls(ewma_beta_from_staleness(staleness_window, rule, mean_age), reset_active_fraction)
 
 
 @struct.dataclass

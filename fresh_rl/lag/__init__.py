@@ -7,6 +7,7 @@ from fresh_rl.lag.delay import (
     DELAY_KINDS,
     DelayConfig,
     actor_group_ids,
+    expected_lag,
     lag_pmf,
     sample_lags,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "DelayConfig",
     "VersionRing",
     "actor_group_ids",
+    "expected_lag",
     "fit_ess_time_constant",
     "lag_metrics",
     "lag_metrics_from_tags",

@@ -88,6 +88,12 @@ class DelayConfig:
         return float(self.mean_lag) / (1.0 + float(self.mean_lag))
 
 
+def expected_lag(config: DelayConfig) -> float:
+    """Mean version lag Σ_k k·p(k) of :func:`lag_pmf` (the geometric one truncated to the ring)."""
+    pmf = lag_pmf(config)
+    return float(pmf @ np.arange(pmf.size))
+
+
 def lag_pmf(config: DelayConfig, available_versions: Optional[int] = None) -> np.ndarray:
     """Exact ``[K]`` float64 pmf of ``sample_lags`` (clipped to ``available − 1`` if given)."""
     k = np.arange(config.ring_size)

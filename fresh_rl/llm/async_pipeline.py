@@ -47,6 +47,7 @@ import numpy as np
 from fresh_rl.corrections import (EWMAReference, ewma_beta_from_staleness, ewma_update,
                                   init_ewma_reference, version_lag_statistics)
 from fresh_rl.lag import version_ring
+from fresh_rl.corrections.ewma import BETA_RULES
 from fresh_rl.corrections.routes import ROUTES, OldLogProbRoute, get_route, route_param_copies
 from fresh_rl.lag.version_ring import VersionRing
 from fresh_rl.llm.hparams import LLMHyperParams
@@ -83,9 +84,12 @@ class AsyncConfig:
       extra_mismatch_std: σ ≥ 0 of Gaussian noise on the sampler's logits (MoE-routing-like
         extra mismatch; 0 = bf16 vs fp32 only).
       old_logit_route: a route registered in :data:`fresh_rl.corrections.routes.ROUTES`.
-      ewma_beta: default of ``hparams.ewma_beta``, β ∈ [0, 1] of the EWMA routes; ``None`` =
-        w/(w + 1), centre of mass w (:func:`fresh_rl.corrections.ewma_beta_from_staleness`;
-        the paper's rule is not known).
+      ewma_beta: default of ``hparams.ewma_beta``, β ∈ [0, 1] of the EWMA routes; ``None``: by
+        ``ewma_beta_rule`` from the window w.
+      ewma_beta_rule: a rule of :data:`fresh_rl.corrections.ewma.BETA_RULES`; the default
+        ``"mean_age"`` (the control trainer's too) centres θ_ref on the data's mean lag ā,
+        β = ā/(ā + 1): w/(w + 1) for the fixed lag, w/(w + 2) for the uniform one
+        (:func:`fresh_rl.corrections.ewma_beta_from_staleness`; the paper's rule is not known).
       ewma_reset_threshold: default of ``hparams.ewma_reset_threshold`` ∈ (0, 1): ``ewma``
         resets θ_ref ← θ when the active-token fraction falls below it (0.9, a placeholder;
         arXiv 2605.12070 does not give its value; docs/old_logits.md). ``ewma_no_reset`` ignores it.
@@ -108,6 +112,7 @@ class AsyncConfig:
     extra_mismatch_std: float = 0.0
     old_logit_route: str = "snapshot"
     ewma_beta: Optional[float] = None
+    ewma_beta_rule: str = "mean_age"
     ewma_reset_threshold: float = 0.9
     stored_params_dtype: str = "float32"
 
@@ -120,6 +125,7 @@ class AsyncConfig:
         require_choice("AsyncConfig.old_logit_route", self.old_logit_route, tuple(ROUTES))
         if self.ewma_beta is not None:
             require_in_range("AsyncConfig.ewma_beta", self.ewma_beta, 0.0, 1.0)
+        require_choice("AsyncConfig.ewma_beta_rule", self.ewma_beta_rule, BETA_RULES)
         require_in_range("AsyncConfig.ewma_reset_threshold", self.ewma_reset_threshold, 0.0,
                          1.0, low_inclusive=False, high_inclusive=False)
         require_choice("AsyncConfig.stored_params_dtype", self.stored_params_dtype,
@@ -135,8 +141,12 @@ class AsyncConfig:
         return get_route(self.old_logit_route)
 
     def beta(self, window: int) -> float:
-        """The default EWMA β of a run with window ``window``."""
-        return ewma_beta_from_staleness(window) if self.ewma_beta is None else self.ewma_beta
+        """The default EWMA β of a run with window ``window``: ``ewma_beta``, else
+        ``ewma_beta_rule`` at W = ``window`` and the mean lag of ``lag_kind`` (w or w/2)."""
+        if self.ewma_beta is not None:
+            return self.ewma_beta
+        mean_age = window if self.lag_kind == "fixed" else window / 2
+        return ewma_beta_from_staleness(window, self.ewma_beta_rule, mean_age)
 
     def default_hparams(self, **overrides) -> LLMHyperParams:
         """:meth:`LLMHyperParams.from_config` of this config (``window=``, ``ewma_beta=`` …)."""

@@ -19,6 +19,17 @@ from fresh_rl.sweep.keys import seed_key
 EVAL_SEED = 10_000
 
 
+@dataclasses.dataclass(frozen=True)
+class EvalTask:
+    """What the evaluators read: a trainer config (``rl``: temperature, prompt pool), a task and
+    the number of evaluation episodes (hashable: every evaluation of the task reuses one
+    compiled program)."""
+
+    rl: object
+    env: object
+    eval_episodes: int
+
+
 def make_evaluator(scale, model_config, on_training_prompts: bool = False):
     """Jitted ``(params, key) -> successes [E]`` of the bf16 sampler at the RL temperature
     (``scale``: anything hashable with ``rl``, ``env`` and ``eval_episodes`` = E, e.g.
@@ -55,4 +66,4 @@ def evaluate_policies(scale, model_config, policies: dict) -> list[dict]:
     return rows
 
 
-__all__ = ["EVAL_SEED", "evaluate_policies", "make_evaluator"]
+__all__ = ["EVAL_SEED", "EvalTask", "evaluate_policies", "make_evaluator"]

@@ -5,7 +5,8 @@ program's structure, as float32 / int32 leaves:
 
 * ``window`` w ∈ [0, W] — the staleness window of the asynchronous pipeline (the ring holds
   ``AsyncConfig.staleness_window`` + 1 = W + 1 versions, which fixes shapes; w does not);
-* ``ewma_beta`` β ∈ [0, 1] — the EWMA decay of θ_ref (EWMA routes; default w/(w + 1));
+* ``ewma_beta`` β ∈ [0, 1] — the EWMA decay of θ_ref (EWMA routes; default ``AsyncConfig.beta``:
+  ā/(ā + 1) at the data's mean lag ā, w/(w + 1) for a fixed lag);
 * ``ewma_reset_threshold`` ∈ (0, 1) — the active-token fraction below which ``ewma`` resets;
 * ``age_decay_tau`` τ ∈ (0, ∞] — FreshPER's age decay in iterations (∞ = standard PER; the
   replay trainer writes it into its buffer, which keeps α/τ as its own leaf; every τ the
@@ -32,7 +33,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fresh_rl.corrections import ewma_beta_from_staleness
 
 FIELDS = ("window", "ewma_beta", "ewma_reset_threshold", "age_decay_tau")
 
@@ -53,7 +53,8 @@ class LLMHyperParams:
                     ewma_reset_threshold: Optional[float] = None,
                     age_decay_tau: Optional[float] = None) -> "LLMHyperParams":
         """The hyperparameters of a run: each field from its argument, else the config's
-        default — ``window`` = W, ``ewma_beta`` = ``AsyncConfig.ewma_beta`` or w/(w + 1),
+        default — ``window`` = W, ``ewma_beta`` = ``AsyncConfig.beta(window)`` (the config's β, else
+        its rule: w/(w + 1) at a fixed lag by default),
         ``ewma_reset_threshold`` = ``AsyncConfig.ewma_reset_threshold``, ``age_decay_tau`` =
         ``LLMReplayConfig.age_decay_tau`` with ``sampling="freshper"``, else ∞ (no decay).
         Raises ``ValueError`` naming the field and its allowed range."""
@@ -65,8 +66,7 @@ class LLMHyperParams:
                              f"got {window!r}")
         window = int(window)
         if ewma_beta is None:
-            ewma_beta = (ewma_beta_from_staleness(window) if async_config.ewma_beta is None
-                         else async_config.ewma_beta)
+            ewma_beta = async_config.beta(window)
         if ewma_reset_threshold is None:
             ewma_reset_threshold = async_config.ewma_reset_threshold
         freshper = replay_config is not None and replay_config.sampling == "freshper"

@@ -191,13 +191,15 @@ class OldLogitsScale:
     eval_episodes: int = 0  # 0: no evaluation
     warm_start: Optional[str] = None  # tiny-model checkpoint (None: the multi-task WARM_START)
     lag_kind: str = "fixed"  # AsyncConfig.lag_kind: "fixed" (L = w) or "uniform" (L ~ U{0..w})
+    ewma_beta_rule: str = "mean_age"  # AsyncConfig.ewma_beta_rule (the library's one default)
 
     def async_config(self, route: str, partial: bool = False) -> ap.AsyncConfig:
         """The pipeline settings of a run: the ring holds max(windows) + 1 versions for every
         run (each run's window is a hyperparameter), so each route compiles once."""
         return ap.AsyncConfig(staleness_window=max(self.windows + (self.overhead_window,)),
                               old_logit_route=route, partial_rollouts=partial,
-                              segment_tokens=self.segment_tokens, lag_kind=self.lag_kind)
+                              segment_tokens=self.segment_tokens, lag_kind=self.lag_kind,
+                              ewma_beta_rule=self.ewma_beta_rule)
 
 
 # Our tuning probe of the synchronous trainer from the warm start (GRPO, 30-40 iterations of
@@ -242,12 +244,14 @@ OLD_LOGITS_SCALES = {
     # the LLM confirmation on the BPE warm start: random staleness L ~ U{0..W}, the route
     # grid at W ∈ {1, 4, 16}, GRPO at the RL-gain study's settings on a fixed pool of 64
     # training prompts (BPE_POOL_RL), 60 iterations of 64 episodes, 5 seeds; every final
-    # policy scored on the pool and on held-out prompts
+    # policy scored on the pool and on held-out prompts. EWMA β = W/(W + 1) (the "window"
+    # variant), the β of the committed results/old_logits_bpe/ tables; the default rule would
+    # give W/(W + 2) under these uniform lags
     "bpe": OldLogitsScale(
         model=BPE_WARM_START, rl=BPE_POOL_RL, env=BPE_TASKS["arithmetic"], windows=(1, 4, 16),
         grid_routes=("recompute_current", "snapshot", "linear_proxy", "ewma", "ewma_no_reset"),
         seeds=5, iterations=60, overhead_window=4, overhead_iterations=0, eval_episodes=512,
-        lag_kind="uniform"),
+        lag_kind="uniform", ewma_beta_rule="window"),
     # its test-suite version on the random-weight stand-in: one route, two windows
     "bpe-ci": OldLogitsScale(
         model=BPE_STANDIN, rl=dataclasses.replace(BPE_POOL_RL, num_groups=2, group_size=4, prompt_pool=4),
@@ -283,9 +287,10 @@ class FreshPERScale:
     model: str = "tiny"
     tau_ablation_tasks: Optional[tuple[str, ...]] = None
     task_methods: Optional[dict[str, tuple[str, ...]]] = None
+    eval_episodes: int = 0  # held-out episodes per final policy (experiments/freshper_llm.py)
 
     def ablates_tau(self, task: str, method: str) -> bool:
-        return bool(method == "freshper" and self.taus and (
+        return bool(method in ("freshper", "freshper_authors") and self.taus and (
             self.tau_ablation_tasks is None or task in self.tau_ablation_tasks))
 
     def runs(self, task: str, method: str) -> bool:
@@ -314,6 +319,16 @@ def freshper_methods(tau: float, replay_updates: int, capacity: int, controls: b
         methods += (("on_policy_epochs", dataclasses.replace(on_policy, fresh_epochs=1 + replay_updates)),
                     ("uniform", dataclasses.replace(base, sampling="uniform")))
     return methods
+
+
+def authors_methods(capacity: int):
+    """On-policy (K = 0) and, with K = 1, the FreshPER authors' PER (``per_authors``: new
+    trajectories at the running max priority, sampled ones refreshed) and FreshPER (that
+    pipeline plus the age decay; τ per row of the scale's ``taus``)."""
+    base = rt.LLMReplayConfig(replay_updates=1, capacity=capacity, new_item_priority="max")
+    return (("on_policy", dataclasses.replace(base, replay_updates=0, sampling="uniform")),
+            ("per_authors", dataclasses.replace(base, sampling="per")),
+            ("freshper_authors", base))
 
 
 FRESHPER_SCALES = {
@@ -351,6 +366,21 @@ FRESHPER_SCALES = {
         tasks=("arithmetic",), methods=(("per", rt.LLMReplayConfig(
             replay_updates=1, capacity=64 * 40, sampling="per")),), taus=(), seeds=3,
         iterations=40, model=BPE_WARM_START),
+    # FreshPER as its authors run it, on the BPE warm start (experiments/freshper_llm.py): the
+    # pilot's REINFORCE++ settings with 2 prompts × 8 rollouts per iteration (the CPU sizing in
+    # results/freshper_llm/README.md), K = 1, a buffer holding the whole run, on-policy vs the
+    # authors' PER vs FreshPER at two τ (rows of one program, common seeds)
+    "bpe-slice": FreshPERScale(
+        rl=dataclasses.replace(FRESHPER_RL, num_groups=2, group_size=8,
+                               learning_rate=RL_GAIN_RL.learning_rate,
+                               prompt_pool=BPE_POOL_RL.prompt_pool),
+        tasks=("arithmetic",), methods=authors_methods(16 * 90), taus=(8.0, 40.0), seeds=5,
+        iterations=90, model=BPE_WARM_START, eval_episodes=256),
+    # its test-suite version on the random-weight stand-in
+    "bpe-slice-ci": FreshPERScale(
+        rl=dataclasses.replace(FRESHPER_RL, num_groups=1, group_size=4, prompt_pool=4),
+        tasks=("arithmetic",), methods=authors_methods(4 * 4), taus=(1.0, 4.0), seeds=2,
+        iterations=4, model=BPE_STANDIN, eval_episodes=8),
     "paper": FreshPERScale(
         rl=dataclasses.replace(FRESHPER_RL, num_groups=128, group_size=8, learning_rate=1e-6,
                                minibatches=4, remat=True),  # as the old-logit paper scale
@@ -362,5 +392,5 @@ FRESHPER_SCALES = {
 __all__ = ["ARITHMETIC_WARM_START", "BPE_CYCLE", "BPE_POOL_RL", "BPE_STANDIN", "BPE_TASKS", "BPE_WARM_START", "CYCLE", "FRESHPER_RL", "FRESHPER_SCALES", "FreshPERScale",
            "OLD_LOGITS_RL", "OLD_LOGITS_SCALES", "OldLogitsScale", "QWEN2_5_1_5B", "RESULTS", "RL_GAIN_RL",
            "RL_GAIN_SCALES", "RLGainScale", "rl_gain_pipeline",
-           "SPECIALIZE", "SYNC", "TASKS", "WARM_START", "char_task_for", "freshper_methods",
+           "SPECIALIZE", "SYNC", "TASKS", "WARM_START", "authors_methods", "char_task_for", "freshper_methods",
            "load_params", "model_folder"]

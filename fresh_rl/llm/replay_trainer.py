@@ -29,7 +29,9 @@ One jitted iteration at learner version k (the authors' loop; docs/freshper.md, 
    GRPO, whose groups a replay batch does not keep). Optional PER importance weights
    ``w_i = (N·P(i))^(−β)/max_j w_j`` scale each sequence's advantages, which equals weighting
    its loss term since w_i ≥ 0 (β constant or annealed linearly to ``is_beta_final``).
-   With ``priority="advantage"`` the sampled items' priorities are refreshed afterwards.
+   With ``priority="advantage"`` or ``new_item_priority="max"`` (the authors' PER pipeline:
+   new items at the running max priority) the sampled items' priorities are refreshed
+   to their base priority afterwards.
 4. **finish**: the learner after all 1 + K updates becomes version k + 1 (ring push, EWMA).
 
 The fresh step's old log-probs come from the pipeline's route (``AsyncConfig.old_logit_route``,
@@ -81,6 +83,7 @@ from fresh_rl.validation import require_choice, require_in_range, require_int
 SAMPLINGS = ("uniform", "per", "freshper")
 PRIORITIES = ("reward", "advantage")
 REPLAY_ADVANTAGES = ("recompute", "stored")
+NEW_ITEM_PRIORITIES = ("given", "max")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +113,11 @@ class LLMReplayConfig:
         docs/freshper.md puts c at order 1–2).
       auto_tau_momentum: EMA momentum of κ̂ (our choice 0.9).
       auto_tau_bounds: (τ_min, τ_max) clip of the online τ.
+      new_item_priority: ``"given"`` (a new trajectory enters at its base priority) or
+        ``"max"`` (the FreshPER authors' PER pipeline: it enters at the running max priority
+        and every sampled trajectory's priority is refreshed to its base priority after the
+        replay update; with ``sampling="freshper"`` that is FreshPER as its authors run it,
+        with ``"per"`` their PER baseline).
       fresh_epochs: epochs of the fresh step on the fresh batch (None: ``RLConfig.epochs``).
         With ``replay_updates = 0`` and ``fresh_epochs = 1 + K`` it is the on-policy control
         that makes as many optimizer updates per iteration as a replay method with K (our
@@ -133,9 +141,11 @@ class LLMReplayConfig:
     auto_tau_momentum: float = 0.9
     auto_tau_bounds: tuple[float, float] = (1.0, 1e4)
     fresh_epochs: Optional[int] = None
+    new_item_priority: str = "given"
 
     def __post_init__(self):
         require_int("LLMReplayConfig.replay_updates", self.replay_updates, 0)
+        require_choice("LLMReplayConfig.new_item_priority", self.new_item_priority, NEW_ITEM_PRIORITIES)
         require_int("LLMReplayConfig.capacity", self.capacity, 1)
         require_choice("LLMReplayConfig.sampling", self.sampling, SAMPLINGS)
         require_in_range("LLMReplayConfig.priority_exponent", self.priority_exponent, 0.0, 1.0)
@@ -167,7 +177,12 @@ class LLMReplayConfig:
         return ReplayConfig(capacity=self.capacity, sample_batch_size=batch_size,
                             sampling=self.sampling, priority_exponent=self.priority_exponent,
                             importance_exponent=self.is_beta, age_decay_tau=self.age_decay_tau,
-                            new_item_priority="given")
+                            new_item_priority=self.new_item_priority)
+
+    @property
+    def refreshes(self) -> bool:
+        """Whether sampled trajectories get their priority rewritten after a replay update."""
+        return self.priority == "advantage" or self.new_item_priority == "max"
 
     def beta_at(self, iteration):
         """β of iteration ``iteration`` (traced allowed)."""
@@ -342,7 +357,7 @@ def iteration(state: ReplayLoopState, key, *, config: RLConfig, async_config: ap
         ready = buffer.can_sample(replay)
         new_train, m = update(train, rbatch, k_update, config=config, model_config=model_config)
         train = jax.tree_util.tree_map(lambda a, b: jnp.where(ready, a, b), new_train, train)
-        if replay_config.priority == "advantage":
+        if replay_config.refreshes:
             fresh_adv = replay_batch(sample.experience, jnp.ones_like(sample.importance_weights),
                                      config=config, replay_config=replay_config).advantages
             replay = buffer.set_priorities(
@@ -461,8 +476,9 @@ def drift_by_age(params, replay: ReplayState, *, config: RLConfig, model_config:
     ``now − t_i`` (``now``: the learner's version, i.e. the iterations done) and, over its
     action tokens, KL(π_old ‖ π_θ) estimates (``kl_k1``, ``kl_k3`` of
     :func:`fresh_rl.corrections.approx_kl`, r = π_θ/π_old against the stored behaviour
-    policy), and the weight sums Σr, Σr² and token count (token ESS of any group of
-    trajectories: (Σ Σr)² / (n · Σ Σr²)). One fp32 forward over the whole buffer
+    policy), the weight sums Σr, Σr² and token count (token ESS of any group of
+    trajectories: (Σ Σr)² / (n · Σ Σr²)) and Σ log r (the sequence weight Π r = exp Σ log r of
+    the trajectory-level ESS, :func:`ess_by_age`). One fp32 forward over the whole buffer
     (docs/freshper.md: ESS/n ≈ exp(−c·KL), KL growing with age)."""
     experience = replay.experience
     logp, _ = token_logprobs_and_entropy(params, model_config, experience["tokens"],
@@ -475,11 +491,12 @@ def drift_by_age(params, replay: ReplayState, *, config: RLConfig, model_config:
             "age": (now - replay.insert_version).astype(jnp.float32),
             "kl_k1": kl["kl_k1"], "kl_k3": kl["kl_k3"],
             "ratio_sum": ratio.sum(axis=1), "ratio_sq_sum": jnp.square(ratio).sum(axis=1),
-            "tokens": mask.sum(axis=1).astype(jnp.float32)}
+            "log_ratio_sum": log_ratio.sum(axis=1), "tokens": mask.sum(axis=1).astype(jnp.float32)}
 
 
 def ess_by_age(drift: dict, row_mask) -> list[dict]:
-    """Token ESS/n and token-weighted KL (k1, k3) of the stored trajectories grouped by age,
+    """Token ESS/n, sequence ESS/n (of the trajectories' weights Π r, over the m trajectories of
+    that age: ≥ 1/m) and token-weighted KL (k1, k3) of the stored trajectories grouped by age,
     pooled over the rows in ``row_mask`` (``drift``: host arrays of :func:`drift_by_age`,
     vmapped over rows)."""
     valid = drift["valid"] & np.asarray(row_mask)[:, None]
@@ -488,8 +505,12 @@ def ess_by_age(drift: dict, row_mask) -> list[dict]:
         sel = valid & (drift["age"] == age)
         s, s2, n = drift["ratio_sum"][sel].sum(), drift["ratio_sq_sum"][sel].sum(), \
             drift["tokens"][sel].sum()
+        log_w = np.asarray(drift["log_ratio_sum"][sel], np.float64) if "log_ratio_sum" in drift else None
+        w = None if log_w is None else np.exp(log_w - log_w.max())
         out.append({"age": int(age), "trajectories": int(sel.sum()), "tokens": int(n),
                     "ess_fraction": float(s * s / max(n * s2, 1e-30)),
+                    "sequence_ess_fraction": (float(w.sum() ** 2 / (w.size * (w * w).sum()))
+                                              if w is not None else math.nan),
                     **{k: float(np.average(drift[k][sel], weights=drift["tokens"][sel]))
                        for k in ("kl_k1", "kl_k3")}})
     return out
