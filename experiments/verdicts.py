@@ -404,11 +404,15 @@ READERS: dict[str, Callable] = {"compose": compose_reader,
 
 def decide_all(claims_dir: Path = CLAIMS_DIR, root: Path = REPOSITORY_ROOT) -> list[tuple[dict, list[dict]]]:
     """``[(study, [result per claim])]`` for every study file, in :data:`STUDY_ORDER`; each
-    result is :func:`fresh_rl.eval.claims.decide_claim`'s with the claim under ``"claim"``."""
+    result is :func:`fresh_rl.eval.claims.decide_claim`'s with the claim under ``"claim"``.
+    A study declared before its runs whose data files are not committed yet gets ``None``."""
     studies = [load_study(p) for p in sorted(Path(claims_dir).glob("*.toml"))]
     order = {name: i for i, name in enumerate(STUDY_ORDER)}
     out = []
     for study in sorted(studies, key=lambda s: (order.get(s["study"], len(order)), s["study"])):
+        if not all((Path(root) / d).exists() for d in study["data"]):
+            out.append((study, None))
+            continue
         series, measure = READERS[study["study"]](Path(root))
         out.append((study, [{"claim": c, **decide_claim(study, c, series, measure)} for c in study["claims"]]))
     return out
@@ -486,11 +490,16 @@ def render(decided: list[tuple[dict, list[dict]]], data_commits: Mapping[str, st
              "## Verdicts per study", "",
              "| study | claims | " + " | ".join(VERDICTS) + " | README before: " + " / ".join(PREVIOUS_VERDICTS) + " |",
              "|---|---|" + "---|" * len(VERDICTS) + "---|"]
+    awaiting = [study for study, results in decided if results is None]
+    decided = [(study, results) for study, results in decided if results is not None]
     for study, results in decided:
         now = [sum(r["verdict"] == v for r in results) for v in VERDICTS]
         before = [sum(r["claim"]["previous_verdict"] == v for r in results) for v in PREVIOUS_VERDICTS]
         lines.append(f"| [{study['study']}](#{study['study']}) | {len(results)} | "
                      + " | ".join(map(str, now)) + " | " + " / ".join(map(str, before)) + " |")
+    if awaiting:
+        lines += ["", "Declared before their runs, results not committed yet: " + ", ".join(
+            f"`{s['study']}` ({len(s['claims'])} claims, experiments/claims/{s['study']}.toml)" for s in awaiting) + "."]
     lines += ["", "## What changed against the study READMEs", "",
               "Every claim whose verdict differs from what its README said before this index, and why.", "",
               "| study | claim | README said | now | why |", "|---|---|---|---|---|"]
@@ -543,7 +552,7 @@ def render(decided: list[tuple[dict, list[dict]]], data_commits: Mapping[str, st
 def build(claims_dir: Path = CLAIMS_DIR, root: Path = REPOSITORY_ROOT, stamp: str = "") -> str:
     """The index from the claims files and the committed runs (``stamp``: the code's commit)."""
     decided = decide_all(claims_dir, root)
-    commits = {s["study"]: last_commit(s["data"]) for s, _ in decided}
+    commits = {s["study"]: last_commit(s["data"]) for s, results in decided if results is not None}
     return render(decided, commits, stamp)
 
 

@@ -28,6 +28,10 @@ def test_every_study_has_a_claims_file_and_a_reader(verdicts):
     decided = verdicts.decide_all()
     assert [s["study"] for s, _ in decided] == list(verdicts.STUDY_ORDER)
     for study, results in decided:
+        if results is None:  # declared before its runs: some data file is not committed yet
+            assert not all((verdicts.REPOSITORY_ROOT / d).exists() for d in study["data"])
+            assert study["study"] in verdicts.READERS
+            continue
         assert len(results) == len(study["claims"]) > 0
         for r in results:
             assert r["verdict"] in {"reproduced", "refuted", "undecided", "not testable here"}
