@@ -367,15 +367,17 @@ FRESHPER_SCALES = {
             replay_updates=1, capacity=64 * 40, sampling="per")),), taus=(), seeds=3,
         iterations=40, model=BPE_WARM_START),
     # FreshPER as its authors run it, on the BPE warm start (experiments/freshper_llm.py): the
-    # pilot's REINFORCE++ settings with 2 prompts × 8 rollouts per iteration (the CPU sizing in
-    # results/freshper_llm/README.md), K = 1, a buffer holding the whole run, on-policy vs the
-    # authors' PER vs FreshPER at two τ (rows of one program, common seeds)
+    # pilot's REINFORCE++ settings with 4 prompts × 8 rollouts per iteration (the CPU sizing in
+    # results/freshper_llm/README.md; at 2 × 8 on-policy success fell from 0.44 to 0.27 within
+    # 11 iterations, so that size was dropped before any replay arm ran), K = 1, a buffer
+    # holding the whole run, on-policy vs the authors' PER vs FreshPER at two τ (rows of one
+    # program, common seeds)
     "bpe-slice": FreshPERScale(
-        rl=dataclasses.replace(FRESHPER_RL, num_groups=2, group_size=8,
+        rl=dataclasses.replace(FRESHPER_RL, num_groups=4, group_size=8,
                                learning_rate=RL_GAIN_RL.learning_rate,
                                prompt_pool=BPE_POOL_RL.prompt_pool),
-        tasks=("arithmetic",), methods=authors_methods(16 * 90), taus=(8.0, 40.0), seeds=5,
-        iterations=90, model=BPE_WARM_START, eval_episodes=256),
+        tasks=("arithmetic",), methods=authors_methods(32 * 48), taus=(8.0, 32.0), seeds=5,
+        iterations=48, model=BPE_WARM_START, eval_episodes=256),
     # its test-suite version on the random-weight stand-in
     "bpe-slice-ci": FreshPERScale(
         rl=dataclasses.replace(FRESHPER_RL, num_groups=1, group_size=4, prompt_pool=4),
