@@ -183,7 +183,7 @@ def write_readme(scale: Scale, results: dict, t: dict, out_dir: Path, header: di
     tau_arms = [a for a in named if named[a][0] == "freshper_authors"] + ["per_authors"]
     figs = {name: plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
             for name in ("score_vs_tau", "ess_vs_age")}
-    drift_lines, score_lines, rule_lines = [], [], []
+    drift_lines, score_lines, rule_lines, reading = [], [], [], []
     for c, (env, res) in enumerate(results.items()):
         table = {r["arm"]: r for r in t["score_vs_tau"] if r["task"] == env}
         plot_score_vs_tau(figs["score_vs_tau"][1][0, c], scale.taus, [table[a] for a in tau_arms],
@@ -212,6 +212,12 @@ def write_readme(scale: Scale, results: dict, t: dict, out_dir: Path, header: di
                           f"authors' default 500 {position_on_grid(500.0, scale.taus)}; their capacity/(2·batch) "
                           f"heuristic {res['config'].replay.buffer_iterations / 2:g} "
                           f"{position_on_grid(res['config'].replay.buffer_iterations / 2, scale.taus)}.")
+        scores = {a: table[a]["mean"] for a in tau_arms}
+        best = max(tau_arms, key=scores.get)
+        reading.append(f"- {env}: seed-mean return against τ is highest at `{best}` ({scores[best]:.1f}; PER, τ = ∞: "
+                       f"{scores['per_authors']:.1f}; τ = {scale.taus[0]:g}: {scores[tau_arms[0]]:.1f}); on-policy "
+                       f"{table['onpolicy']['mean']:.1f}, 1 + K epochs {table['onpolicy_epochs']['mean']:.1f}, uniform "
+                       f"{table['uniform']['mean']:.1f}.")
     for name, (fig, _) in figs.items():
         fig.tight_layout()
         fig.savefig(out_dir / f"{name}.png", dpi=110)
@@ -243,6 +249,7 @@ def write_readme(scale: Scale, results: dict, t: dict, out_dir: Path, header: di
         "The sampled-age gap is the gate of every FreshPER-vs-PER cell (≥ 20%); the claims use τ ≤ 30 "
         "(buffer ≥ 10 τ). `score_vs_tau.png`; tuning means: `tuning.csv`.", "",
         "Where the rules for τ fall on the grid:", "", *rule_lines, "",
+        "## Reading", "", *reading, "",
         "## Verdicts", "",
         "Decided in [results/VERDICTS.md](../VERDICTS.md#freshper_control_tau) by `python experiments/verdicts.py` "
         "from `runs.csv`, `tuning.csv`, `ess_vs_age.csv`, `sampled_age.csv` and "

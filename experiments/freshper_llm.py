@@ -147,6 +147,13 @@ def write_readme(scale, arms: dict, t: dict, out: Path, header: dict) -> str:
                      f"{rows[0]['seconds_per_iteration']:.1f} |")
     fits = {f["weights"]: f["tau_ess"] for f in t["ess_fit"]}
     rl = scale.rl
+    seconds = {m: float(d["seconds"]) for m, d in arms.items()}
+    per_iteration = sum(seconds.values()) / scale.iterations
+    sizing = (f"Sizing (the 2-core CPU budget of ≤ 3 h): the arms took {', '.join(f'{m} {v / 60:.0f} min' for m, v in seconds.items())} "
+              f"(training with its compilation; the held-out scoring after it is not counted), "
+              f"{sum(seconds.values()) / 3600:.2f} h in all, {per_iteration:.0f} s per iteration of all arms; a buffer "
+              f"spanning 5 τ at the larger τ = {max(scale.taus):g} needs ≥ {5 * max(scale.taus):.0f} iterations, "
+              f"≈ {5 * max(scale.taus) * per_iteration / 3600:.1f} h at that rate. Runs were shortened, not seeds.")
     text = [
         "# FreshPER as its authors run it, in the LLM RL loop (BPE warm start, arithmetic)", "",
         provenance_line(header), "",
@@ -159,7 +166,7 @@ def write_readme(scale, arms: dict, t: dict, out: Path, header: dict) -> str:
         f"Drift of stored data (PER's final buffers, `ess_vs_age.csv`): τ_ESS from token weights "
         f"{fits.get('token', math.nan):.1f} {position_on_grid(fits.get('token', math.nan), scale.taus)}, from "
         f"sequence weights {fits.get('sequence', math.nan):.1f} {position_on_grid(fits.get('sequence', math.nan), scale.taus)} "
-        "(least squares of log ESS/n on age through the origin over ESS/n ≥ 0.05).", "",
+        "(least squares of log ESS/n on age through the origin over ESS/n ≥ 0.05).", "", sizing, "",
         "Verdicts: [results/VERDICTS.md](../VERDICTS.md#freshper_llm) (experiments/claims/freshper_llm.toml).",
     ]
     (out / "README.md").write_text("\n".join(text) + "\n")
