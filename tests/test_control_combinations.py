@@ -48,7 +48,9 @@ def test_every_triple_builds_or_names_both_parts():
             make()
         parts = [p for p in (method, source, route) if re.search(rf"\b{p}\b", str(err.value))]
         assert len(parts) >= 2, (method, source, route, str(err.value))
-    assert 0 < refused < len(METHODS) * len(DATA_SOURCES) * len(ROUTES) // 4  # most triples run
+    # most triples run: the refusals are the few rules of combination_error, the widest being the two
+    # factorial routes (one method, unbuffered sources only)
+    assert 0 < refused < len(METHODS) * len(DATA_SOURCES) * len(ROUTES) // 2
 
 
 DEFAULT_ROUTES = ("behaviour", "recompute_current", "old_logit_model", "linear_proxy", "ewma")

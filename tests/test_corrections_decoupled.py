@@ -93,6 +93,30 @@ def test_decoupled_loss_matches_numpy_formula_and_analytic_gradient(seed):
     np.testing.assert_allclose(metrics["train_infer/kl_k1"], -np.log(rd)[mask].mean(), rtol=1e-4, atol=1e-6)
 
 
+SPLIT_LOSS = jax.jit(lambda lp, old, infer, adv, mask, clip: decoupled_ppo_loss(
+    lp, old, infer, adv, mask, config=DecoupledPPOConfig(clip=CLIP, tis_cap=2.0), clip_log_probs=clip))
+
+
+@given(seed=st.integers(0, 2**31 - 1))
+def test_clip_centre_apart_from_the_mask_matches_numpy(seed):
+    """``clip_log_probs``: the mask and the TIS weight read r_d = π_old/π_infer, the clip
+    r_s = π_θ/π_clip (the factorial routes); ``clip_log_probs = old`` is the default loss."""
+    lp, old, infer, adv, mask = random_inputs(seed)
+    clip = f32(old + 0.5 * np.random.default_rng(seed + 1).normal(size=old.shape))
+    loss, metrics = SPLIT_LOSS(lp, old, infer, adv, mask, clip)
+    rd = np.exp(old.astype(np.float64) - infer)
+    rs = np.exp(lp.astype(np.float64) - clip)
+    kept = mask & (rd >= 0.5) & (rd <= 2.0)
+    obj = np.minimum(rs * adv, np.clip(rs, 0.8, 1.28) * adv)
+    obj = np.where(adv < 0, np.maximum(obj, 3.0 * adv), obj)
+    # the bound of the formula test above (same terms, |ℓ| ≤ 3|Â|, w ≤ 2)
+    np.testing.assert_allclose(loss, -(np.minimum(rd, 2.0) * obj)[kept].sum() / max(kept.sum(), 1), rtol=1e-5,
+                               atol=5e-6)
+    assert float(metrics["active_token_fraction"]) == pytest.approx(kept.sum() / mask.sum())  # exact counts
+    same, default = SPLIT_LOSS(lp, old, infer, adv, mask, old), DEFAULT_LOSS(lp, old, infer, adv, mask)
+    np.testing.assert_array_equal(same[0], default[0])  # the same ops on the same values
+
+
 @given(seed=st.integers(0, 2**31 - 1), garbage=st.sampled_from([np.nan, 1e4, -1e4]))
 def test_masked_token_never_changes_decoupled_loss_or_gradient(seed, garbage):
     inputs = random_inputs(seed)

@@ -85,7 +85,7 @@ def test_route_costs(params):
                                 params)["extra_param_copies"] for r in registry.ROUTES}
     assert copies == {"behaviour": 0, "recompute_current": 0, "snapshot": 5, "old_logit_model": 1,
                       "interrupt": 0, "linear_proxy": 0, "loglinear_proxy": 0, "ewma": 1,
-                      "ewma_no_reset": 1}
+                      "ewma_no_reset": 1, "mask_snapshot_clip_current": 5, "mask_current_clip_snapshot": 5}
     snapshot = ap.AsyncConfig(staleness_window=8, old_logit_route="snapshot")
     assert ap.route_costs(snapshot, params, window=2)["extra_param_bytes"] == 3 * one
 

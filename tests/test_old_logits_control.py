@@ -18,7 +18,7 @@ from fresh_rl.control.hyperparams import HyperParams
 from fresh_rl.control.old_log_probs import ControlRouteSources, select_route
 from fresh_rl.control.train import ROW_FIELDS, init_state, train
 from fresh_rl.corrections import MISConfig, ewma_beta_from_staleness
-from fresh_rl.corrections.routes import (ROUTES as ROUTE_REGISTRY, OldLogProbRoute, register_route, route_table,
+from fresh_rl.corrections.routes import (FACTORIAL_ROUTES, ROUTES as ROUTE_REGISTRY, OldLogProbRoute, register_route, route_table,
                                          unregister_route)
 from fresh_rl.eval import VERDICTS
 from fresh_rl.eval.route_claims import RECOVERY_CLAIMS
@@ -154,6 +154,30 @@ def test_snapshot_and_old_logit_model_equal_the_acting_versions_log_probs(stale_
     # samples: SE ≈ 0.76/√64 ≈ 10% of the mean, so [0.5, 2]·d is ≥ 5 SE either side)
     d = config.inference_discrepancy
     assert 0.5 * d < float(jnp.mean(jnp.abs(batch.behaviour_log_prob - direct))) < 2 * d
+
+
+def test_factorial_routes_take_the_mask_from_one_route_and_the_clip_centre_from_the_other(stale_state):
+    """The 2 × 2 of mask source × clip centre: ``snapshot`` (both from the acting versions),
+    ``recompute_current`` (both from π_k) and the two crossed routes, from one switch."""
+    config = _config(routes=("snapshot", "recompute_current") + FACTORIAL_ROUTES)
+    batch = _stale_rollout(stale_state, jax.random.PRNGKey(3))
+    sources = ControlRouteSources(
+        config=config, hparams=HyperParams.from_config(config), params=stale_state.params, ring=stale_state.ring,
+        ewma_reference=stale_state.ewma, rows={name: getattr(batch, name) for name in ROW_FIELDS},
+        learner_log_prob=log_probs(config, stale_state.params, batch.obs, batch.action), fresh=True)
+    got = {r: jax.jit(lambda i: (lambda s: (s.old, s.clip_old))(select_route(config, sources, i)))(
+        jnp.int32(_index(config, r))) for r in config.routes_used}
+    snapshot, current = got["snapshot"][0], got["recompute_current"][0]
+    assert np.max(np.abs(np.asarray(snapshot) - np.asarray(current))) > 1e-2  # the two sources differ
+    # the same forwards in other branches of one switch: fusion may reorder a (64, 64) layer's sums,
+    # a few ulp of |log π| ≲ 3: atol 1e-5 (the two sources differ by > 1e-2)
+    for route, (mask, clip) in {"snapshot": (snapshot, snapshot), "recompute_current": (current, current),
+                                "mask_snapshot_clip_current": (snapshot, current),
+                                "mask_current_clip_snapshot": (current, snapshot)}.items():
+        np.testing.assert_allclose(got[route][0], mask, rtol=0, atol=1e-5, err_msg=route)
+        np.testing.assert_allclose(got[route][1], clip, rtol=0, atol=1e-5, err_msg=route)
+    with pytest.raises(ValueError, match="mask_snapshot_clip_current"):  # one loss has a mask and a clip apart
+        _config(method="ppo_clip", route="mask_snapshot_clip_current", routes=())
 
 
 def test_random_delays_have_the_configured_distribution(stale_state):

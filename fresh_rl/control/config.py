@@ -398,8 +398,16 @@ def combination_error(method: Method, source: DataSource, route: OldLogProbRoute
     ring; ``old_logit_model`` records the same numbers at collection time and works there);
     ``impala`` with a replay source (its V-trace runs per step along whole rows of the fresh
     batch; replayed rows would need their own per-step pass) and with a proxy route (its loss
-    −Â·log π_θ has no ratio for a proxy to stand in for).
+    −Â·log π_θ has no ratio for a proxy to stand in for); a factorial route (``splits_clip``)
+    with a replay source (it reads snapshots) and with any loss but the decoupled one (the only
+    loss with a mask on r_d and a clip on r_s to feed apart).
     """
+    if route.splits_clip and source.buffered:
+        return (f"route {route.name!r} cannot serve data_source {source.name!r}: it reads snapshots, and a "
+                f"replayed row may be older than the version ring")
+    if route.splits_clip and method.policy_loss is not METHODS["decoupled_ppo"].policy_loss:
+        return (f"method {method.name!r} cannot use route {route.name!r}: only decoupled_ppo's loss has a mask "
+                f"on r_d and a clip on r_s for the route to feed from two sources")
     if route.name == "snapshot" and source.buffered:
         return (f"route 'snapshot' cannot serve data_source {source.name!r}: a replayed row may be older "
                 f"than the version ring; use route 'old_logit_model' (the same numbers, recorded at "

@@ -114,6 +114,8 @@ def make_loss_fn(config: TrainConfig, hparams: HyperParams, loss_hparams: HyperP
                 lambda: mb["reference_log_prob"],
                 lambda: linear_proximal_log_probs(mb["behaviour_log_prob"], logp, mb["alpha"]),
                 lambda: loglinear_proximal_log_probs(mb["behaviour_log_prob"], logp, mb["alpha"])))}
+            if "clip_log_prob" in mb:  # a proxy route centres its clip on its proxy too
+                mb = {**mb, "clip_log_prob": jnp.where(proximal == 0, mb["clip_log_prob"], mb["reference_log_prob"])}
         adv = normalize_advantages(config, mb, logp)
         squared_error = jnp.square(values - mb["target"])
         if "weight" in mb:

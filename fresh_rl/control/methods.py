@@ -189,8 +189,10 @@ def _decoupled_ppo(logp, mb, hparams, config):
     def row(x):  # the loss takes [B, T]: every sample of the minibatch (or replayed rows) as one row
         return x.reshape(1, -1)
 
+    clip = mb.get("clip_log_prob")  # present with a factorial route (mask and clip from two routes)
     loss, metrics = decoupled_ppo_loss(row(logp), row(mb["reference_log_prob"]), row(mb["behaviour_log_prob"]),
-                                       row(mb["advantage"]), config=config.decoupled_config)
+                                       row(mb["advantage"]), config=config.decoupled_config,
+                                       clip_log_probs=None if clip is None else row(clip))
     return loss, {name: metrics[name] for name in ("loss", "active_token_fraction", "clip_fraction")}
 
 

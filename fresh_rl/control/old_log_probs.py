@@ -107,11 +107,13 @@ class ControlRouteSources:
 
 @dataclasses.dataclass(frozen=True)
 class SelectedRoute:
-    """The traced route's result: ``old`` ``[rows, T]``, ``alpha`` (zeros unless a proxy),
-    ``proximal`` (int32 index into :data:`~fresh_rl.corrections.routes.PROXIMALS`), ``uses_ewma``,
-    ``ewma`` (θ_ref after a possible reset, or ``None``), ``reset`` and ``forwards``."""
+    """The traced route's result: ``old`` ``[rows, T]``, ``clip_old`` (the clip centre: ``old``
+    unless the route splits it), ``alpha`` (zeros unless a proxy), ``proximal`` (int32 index into
+    :data:`~fresh_rl.corrections.routes.PROXIMALS`), ``uses_ewma``, ``ewma`` (θ_ref after a
+    possible reset, or ``None``), ``reset`` and ``forwards``."""
 
     old: jax.Array
+    clip_old: jax.Array
     alpha: jax.Array
     proximal: jax.Array
     uses_ewma: jax.Array
@@ -128,17 +130,18 @@ def select_route(config: TrainConfig, sources: ControlRouteSources, index: jax.A
         out = route.fn(sources)
         alpha = jnp.zeros_like(out.old) if out.proxy_alpha is None else out.proxy_alpha
         ewma = sources.ewma_reference if out.ewma is None else out.ewma
-        return (out.old, alpha, ewma, jnp.asarray(out.reset, bool), jnp.asarray(out.forwards, jnp.int32))
+        clip = out.old if out.clip_old is None else out.clip_old
+        return (out.old, clip, alpha, ewma, jnp.asarray(out.reset, bool), jnp.asarray(out.forwards, jnp.int32))
 
     if len(specs) == 1:
         result = run(specs[0])
     else:
         result = jax.lax.switch(index, [lambda r=r: run(r) for r in specs])
-    old, alpha, ewma, reset, forwards = result
+    old, clip_old, alpha, ewma, reset, forwards = result
     proximal = jnp.asarray([PROXIMALS.index(r.proximal) for r in specs], jnp.int32)[index]
     uses_ewma = jnp.asarray([r.uses_ewma for r in specs])[index]
-    return SelectedRoute(old=old, alpha=alpha, proximal=proximal, uses_ewma=uses_ewma, ewma=ewma,
-                         reset=reset, forwards=forwards)
+    return SelectedRoute(old=old, clip_old=clip_old, alpha=alpha, proximal=proximal, uses_ewma=uses_ewma,
+                         ewma=ewma, reset=reset, forwards=forwards)
 
 
 def uses_proxies(config: TrainConfig) -> bool:
@@ -146,9 +149,14 @@ def uses_proxies(config: TrainConfig) -> bool:
     return any(r.proximal is not None for r in config.route_specs)
 
 
+def splits_clip(config: TrainConfig) -> bool:
+    """Whether any route of the run centres the clip on other old log-probs than the mask's."""
+    return any(r.splits_clip for r in config.route_specs)
+
+
 def uses_ewma(config: TrainConfig) -> bool:
     """Whether the run carries θ_ref."""
     return any(r.uses_ewma for r in config.route_specs)
 
 
-__all__ = ["ControlRouteSources", "SelectedRoute", "select_route", "uses_ewma", "uses_proxies"]
+__all__ = ["ControlRouteSources", "SelectedRoute", "select_route", "splits_clip", "uses_ewma", "uses_proxies"]

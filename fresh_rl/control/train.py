@@ -53,7 +53,7 @@ from fresh_rl.control.env_types import VecEnvState
 from fresh_rl.control.evaluation import evaluate_learner, evaluation_key
 from fresh_rl.control.hyperparams import HyperParams
 from fresh_rl.control.losses import frozen_advantages, make_loss_fn, replayed_advantages, sequences
-from fresh_rl.control.old_log_probs import ControlRouteSources, select_route, uses_ewma, uses_proxies
+from fresh_rl.control.old_log_probs import ControlRouteSources, select_route, splits_clip, uses_ewma, uses_proxies
 from fresh_rl.corrections import EWMAReference, adaptive_kl_coefficient, ewma_update, init_ewma_reference, tv_estimate
 from fresh_rl.lag import lag_metrics, version_ring
 from fresh_rl.replay import ReplayState, magnitude_priority, make_trajectory_buffer
@@ -208,6 +208,8 @@ def _replay_updates(config: TrainConfig, state: TrainState, hparams: HyperParams
                        "target": target, "weight": sample.importance_weights[:, None]}
         if "alpha" in fresh_mb:
             replayed_mb["alpha"] = route.alpha
+        if "clip_log_prob" in fresh_mb:
+            replayed_mb["clip_log_prob"] = route.clip_old
         mb = jax.tree.map(lambda r, f: jnp.where(is_replay, r, f), replayed_mb, {**fresh_mb, "weight": ones})
         grads, _ = jax.grad(loss_fn_for(route.proximal), has_aux=True)(params, mb)
         params, opt_state, replay_opt_state = replay_methods.apply_update(
@@ -246,6 +248,8 @@ def update(config: TrainConfig, state: TrainState, batch: Batch, key, hparams: H
             "learner_log_prob": logp_T, "reference_log_prob": route.old}
     if with_proxies:
         data["alpha"] = route.alpha
+    if splits_clip(config):  # the factorial routes: the clip centre apart from the mask's old log-probs
+        data["clip_log_prob"] = route.clip_old
     seq = sequences(hparams.gamma, batch.reward, batch.terminated, batch.truncated)
     if method.advantages == "vtrace_per_step":
         data.update(seq, next_obs=batch.next_obs)

@@ -163,6 +163,7 @@ def decoupled_ppo_loss_sum(
     mask: Optional[chex.Array] = None,
     *,
     config: DecoupledPPOConfig = DecoupledPPOConfig(),
+    clip_log_probs: Optional[chex.Array] = None,
 ) -> tuple[chex.Array, chex.Array, dict[str, chex.Array]]:
     """:func:`decoupled_ppo_loss` as ``(Σ_t m_t w_t ℓ_t, Σ_t m_t, metrics)``: the numerator and
     the kept-token count (loss = :func:`~fresh_rl.corrections.policy_losses.token_mean_loss`
@@ -173,15 +174,18 @@ def decoupled_ppo_loss_sum(
     (gradient accumulation) is ``Σ_parts numerator / max(Σ_parts count, 1)``, the count
     carrying no gradient (the mask is detached).
     """
-    mask = check_per_token([log_probs, old_train_log_probs, infer_log_probs, advantages], mask, min_rank=2)
+    clip_log_probs = old_train_log_probs if clip_log_probs is None else clip_log_probs
+    mask = check_per_token([log_probs, old_train_log_probs, infer_log_probs, advantages, clip_log_probs], mask,
+                           min_rank=2)
     chex.assert_rank(log_probs, 2)
     log_probs = jnp.where(mask, log_probs, 0.0)
     old_train_log_probs = jnp.where(mask, jax.lax.stop_gradient(old_train_log_probs), 0.0)
+    clip_log_probs = jnp.where(mask, jax.lax.stop_gradient(clip_log_probs), 0.0)
     infer_log_probs = jnp.where(mask, jax.lax.stop_gradient(infer_log_probs), 0.0)
     advantages = jnp.where(mask, jax.lax.stop_gradient(advantages), 0.0)
 
     log_rd = old_train_log_probs - infer_log_probs
-    log_rs = log_probs - old_train_log_probs
+    log_rs = log_probs - clip_log_probs
     kept, rejected = mis_mask(log_rd, mask, config.mis)
     if config.tis_cap is None:
         weights = jnp.ones_like(log_rd)
@@ -221,6 +225,7 @@ def decoupled_ppo_loss(
     mask: Optional[chex.Array] = None,
     *,
     config: DecoupledPPOConfig = DecoupledPPOConfig(),
+    clip_log_probs: Optional[chex.Array] = None,
 ) -> tuple[chex.Array, dict[str, chex.Array]]:
     """Decoupled PPO with MIS/TIS on r_d and the clip on r_s (docs/old_logits.md):
 
@@ -235,9 +240,14 @@ def decoupled_ppo_loss(
     ``clip_fraction*`` on r_s, ``tis_truncated_fraction``, the standard diagnostics of r_s
     (plain keys) and of r_d (``train_infer/…``) and of the total ratio (``total/…``).
     The numerator / count split: :func:`decoupled_ppo_loss_sum`.
+
+    ``clip_log_probs`` (default ``old_train_log_probs``) separates the two roles the old
+    log-probs play: the mask reads r_d = π_old_train/π_infer and the clip is centred on
+    ``clip_log_probs``, r_s = π_θ/π_clip (the factorial routes of docs/old_logits.md, "Mask or
+    clip"; then log r_d + log r_s is not log π_θ/π_infer).
     """
     _, _, metrics = decoupled_ppo_loss_sum(log_probs, old_train_log_probs, infer_log_probs, advantages, mask,
-                                           config=config)
+                                           config=config, clip_log_probs=clip_log_probs)
     return metrics["loss"], metrics
 
 

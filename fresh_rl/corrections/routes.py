@@ -19,6 +19,11 @@ When it is missing the routes repair it exactly or approximately:
 * ``ewma`` / ``ewma_no_reset`` — a forward of θ_ref, the EWMA of the learner's versions
   (revised PPO-EWMA); ``ewma`` resets θ_ref ← θ_k when the MIS-active fraction under θ_ref
   falls below the threshold and then uses θ_k for the batch.
+* ``mask_snapshot_clip_current`` / ``mask_current_clip_snapshot`` — the crossed cells of the
+  mask × clip factorial between ``snapshot`` and ``recompute_current``: the MIS mask reads one
+  route's old log-probs, the clip is centred on the other's (which half of recompute_current's
+  failure costs the reward: the tokens the mask drops, or the clip no longer bounding the move
+  from the behaviour version).
 
 A route is a plain record of what it needs and a function of a trainer's
 :class:`RouteSources`; a trainer implements the sources once (how *it* runs a forward pass,
@@ -50,6 +55,9 @@ class RouteOutput:
       proxy_alpha: the interpolation weight of a proxy, like ``old``; ``None`` otherwise.
       ewma: θ_ref after a possible reset (``None``: unchanged).
       reset: bool scalar, whether θ_ref was reset.
+      clip_old: the clip centre's old log-probs when they differ from ``old`` (the factorial
+        routes: ``old`` feeds the MIS mask on r_d, ``clip_old`` the clip on r_s); ``None``:
+        ``old`` for both.
     """
 
     old: jax.Array
@@ -57,6 +65,7 @@ class RouteOutput:
     proxy_alpha: Optional[jax.Array] = None
     ewma: Optional[EWMAReference] = None
     reset: Any = False
+    clip_old: Optional[jax.Array] = None
 
 
 class RouteSources(Protocol):
@@ -97,6 +106,7 @@ class OldLogProbRoute:
       proximal: ``None``, ``"linear"`` or ``"loglinear"``: the loss replaces ``old`` by that
         interpolation proxy per minibatch.
       uses_ewma: the trainer carries θ_ref and updates it after each batch.
+      splits_clip: the route gives the clip centre separately (``RouteOutput.clip_old``).
     """
 
     name: str
@@ -107,6 +117,7 @@ class OldLogProbRoute:
     exact: bool = False
     proximal: Optional[str] = None
     uses_ewma: bool = False
+    splits_clip: bool = False
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name:
@@ -159,6 +170,12 @@ def _one(window: int, actor_groups: int) -> int:
     return 1
 
 
+def _mask_and_clip(mask: RouteOutput, clip: RouteOutput) -> RouteOutput:
+    """The mask's old log-probs from one source and the clip centre from another (both forwards paid)."""
+    return RouteOutput(old=mask.old, clip_old=clip.old,
+                       forwards=jnp.asarray(mask.forwards, jnp.int32) + jnp.asarray(clip.forwards, jnp.int32))
+
+
 for _route in (
         OldLogProbRoute("behaviour", _behaviour),
         OldLogProbRoute("recompute_current", lambda s: s.current(), extra_forward=True),
@@ -172,15 +189,23 @@ for _route in (
         OldLogProbRoute("ewma", lambda s: s.ewma(reset=True), param_copies=_one, extra_forward=True,
                         uses_ewma=True),
         OldLogProbRoute("ewma_no_reset", lambda s: s.ewma(reset=False), param_copies=_one,
-                        extra_forward=True, uses_ewma=True)):
+                        extra_forward=True, uses_ewma=True),
+        OldLogProbRoute("mask_snapshot_clip_current", lambda s: _mask_and_clip(s.snapshot(), s.current()),
+                        param_copies=lambda w, g: w + 1, extra_forward=True, splits_clip=True),
+        OldLogProbRoute("mask_current_clip_snapshot", lambda s: _mask_and_clip(s.current(), s.snapshot()),
+                        param_copies=lambda w, g: w + 1, extra_forward=True, splits_clip=True)):
     register_route(_route)
 del _route
 
 BUILTIN_ROUTES: tuple[str, ...] = tuple(ROUTES)
 """The routes above, in registration order."""
-REPAIR_ROUTES: tuple[str, ...] = tuple(r for r in BUILTIN_ROUTES if r != "behaviour")
+FACTORIAL_ROUTES: tuple[str, ...] = ("mask_snapshot_clip_current", "mask_current_clip_snapshot")
+"""The 2 × 2 of mask source × clip centre between ``snapshot`` and ``recompute_current``: the two
+crossed cells (the diagonal is those two routes)."""
+REPAIR_ROUTES: tuple[str, ...] = tuple(r for r in BUILTIN_ROUTES if r not in ("behaviour",) + FACTORIAL_ROUTES)
 """The routes of the missing-old-logits studies (``behaviour`` is the no-repair baseline of
-the plain clipped loss, not a repair of the decoupled loss's old log-probs)."""
+the plain clipped loss, not a repair of the decoupled loss's old log-probs; the factorial
+routes are a diagnostic of two of them)."""
 
 
 def route_table(window: int, actor_groups: int = 1) -> list[dict]:
@@ -191,6 +216,6 @@ def route_table(window: int, actor_groups: int = 1) -> list[dict]:
              "collection_time": r.collection_time} for r in ROUTES.values()]
 
 
-__all__ = ["BUILTIN_ROUTES", "OldLogProbRoute", "PROXIMALS", "REPAIR_ROUTES", "ROUTES",
+__all__ = ["BUILTIN_ROUTES", "FACTORIAL_ROUTES", "OldLogProbRoute", "PROXIMALS", "REPAIR_ROUTES", "ROUTES",
            "RouteOutput", "RouteSources", "get_route", "register_route", "route_param_copies",
            "route_table", "routes_where", "unregister_route"]

@@ -133,9 +133,14 @@ def check_route(loss_name: str, route_name: str) -> None:
       old log-probs are interpolated per minibatch);
     * a loss that reads no old log-probs (``ppo_clip``) with a route that spends anything on
       them (a forward pass, collection-time scoring, a proxy, θ_ref): the work would change
-      nothing. ``behaviour`` (no work) serves every loss.
+      nothing. ``behaviour`` (no work) serves every loss;
+    * a factorial route (``splits_clip``): the LLM batch carries one old log-prob array.
     """
     loss, route = get_loss(loss_name), get_route(route_name)
+    if route.splits_clip:
+        raise ValueError(f"AsyncConfig.old_logit_route={route_name!r} centres the clip apart from the mask's old "
+                         "log-probs, which the LLM pipeline does not carry (the control trainer does); choose "
+                         "another route")
     if loss.reads_old_logprobs and route.proximal is not None and not loss.accepts_proximal:
         raise ValueError(
             f"RLConfig.loss={loss.name!r} needs old log-probs fixed for the whole batch, but "
