@@ -71,9 +71,12 @@ def run_arm(scale, method, replay_config, params, model_config, env, out: Path) 
     final = state.pipeline.train.params
     held_out = [float(np.mean(evaluate(jax.tree.map(lambda x: x[i], final), seed_key(EVAL_SEED))))
                 for i in range(len(rows))]
-    drift = jax.jit(jax.vmap(lambda p, r, now: rt.drift_by_age(p, r, config=scale.rl, model_config=model_config,
-                                                               now=now)))(final, state.replay,
-                                                                          state.pipeline.ring.latest_version)
+    # one row at a time: a forward over a whole buffer per row is already GBs (vmapped, the 10 τ rows OOM)
+    drift_of = jax.jit(lambda p, r, now: rt.drift_by_age(p, r, config=scale.rl, model_config=model_config, now=now))
+    per_row = [jax.device_get(drift_of(*jax.tree.map(lambda x: x[i], (final, state.replay,
+                                                                       state.pipeline.ring.latest_version))))
+               for i in range(len(rows))]
+    drift = {k: np.stack([d[k] for d in per_row]) for k in per_row[0]}
     data = {**{f"h:{k}": np.asarray(v) for k, v in history.items()},
             **{f"d:{k}": np.asarray(v) for k, v in drift.items()},
             "held_out": np.asarray(held_out), "tau": np.asarray([math.inf if t is None else t for t, _ in rows]),
