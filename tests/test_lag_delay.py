@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats
 
-from fresh_rl.lag import DelayConfig, actor_group_ids, lag_pmf, sample_lags, version_ring
+from fresh_rl.lag import DelayConfig, actor_group_ids, expected_lag, lag_pmf, sample_lags, version_ring
 
 NUM_DRAWS = 20_000
 
@@ -159,3 +159,15 @@ def test_traced_fixed_lag_equals_static_config_and_is_clipped():
         np.testing.assert_array_equal(row, np.asarray(static))  # 7 → K − 1 = 4 → available − 1 = 3
     with pytest.raises(ValueError, match="fixed_lag"):
         sample_lags(key, DelayConfig.uniform(0, 2, 3), 2, fixed_lag=1)
+
+
+@given(ring=st.integers(1, 64), a=st.integers(0, 63), b=st.integers(0, 63), mean=st.floats(0.0, 50.0))
+def test_expected_lag_closed_forms_equal_the_pmf_mean(ring, a, b, mean):
+    """``expected_lag``'s closed forms (fixed, uniform, truncated geometric) against Σ k·p(k) of
+    ``lag_pmf``: float64 sums of ≤ 64 terms ≤ 64, and the geometric form's cancellation near q → 1
+    (1 − q ≥ 1/51), stay within 1e-9 relative."""
+    low, high = sorted((a % ring, b % ring))
+    for config in (DelayConfig.fixed(high, ring), DelayConfig.uniform(low, high, ring),
+                   DelayConfig.geometric(mean, ring)):
+        pmf = lag_pmf(config)
+        assert expected_lag(config) == pytest.approx(float(pmf @ np.arange(pmf.size)), rel=1e-9, abs=1e-9)

@@ -89,9 +89,16 @@ class DelayConfig:
 
 
 def expected_lag(config: DelayConfig) -> float:
-    """Mean version lag Σ_k k·p(k) of :func:`lag_pmf` (the geometric one truncated to the ring)."""
-    pmf = lag_pmf(config)
-    return float(pmf @ np.arange(pmf.size))
+    """Mean version lag Σ_k k·p(k) of :func:`lag_pmf`, in closed form (no ``[K]`` array, so a
+    huge ring fails in validation, not in allocation): the fixed lag; (min + max)/2 of the
+    uniform one; q/(1 − q) − K q^K/(1 − q^K) of the geometric one truncated to the K = ring
+    versions, q = :attr:`DelayConfig.geometric_ratio`."""
+    if config.kind == "fixed":
+        return float(config.lag)
+    if config.kind == "uniform":
+        return (config.min_lag + config.max_lag) / 2.0
+    q, k = config.geometric_ratio, config.ring_size
+    return q / (1.0 - q) - k * q ** k / (1.0 - q ** k) if q > 0 else 0.0
 
 
 def lag_pmf(config: DelayConfig, available_versions: Optional[int] = None) -> np.ndarray:

@@ -139,8 +139,8 @@ def check_route(loss_name: str, route_name: str) -> None:
     loss, route = get_loss(loss_name), get_route(route_name)
     if route.splits_clip:
         raise ValueError(f"AsyncConfig.old_logit_route={route_name!r} centres the clip apart from the mask's old "
-                         "log-probs, which the LLM pipeline does not carry (the control trainer does); choose "
-                         "another route")
+                         f"log-probs, which the LLM pipeline does not carry for any RLConfig.loss={loss_name!r} "
+                         "(the control trainer does); choose another route")
     if loss.reads_old_logprobs and route.proximal is not None and not loss.accepts_proximal:
         raise ValueError(
             f"RLConfig.loss={loss.name!r} needs old log-probs fixed for the whole batch, but "
