@@ -45,9 +45,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fresh_rl.eval import seed_interval
 from fresh_rl.lag import fit_ess_time_constant
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
+from fresh_rl.report import histogram_mean, interval, position_on_grid
 from fresh_rl.sweep import output_lock, product_grid, run_stage
 from fresh_rl.sweep.study_cli import study_main
 from fresh_rl.tabular_bandit import BedConfig, method_hparams, stack_hparams, train
@@ -157,22 +157,6 @@ def score(scale: Scale, picked: dict, out_dir: Path, seed: int, log=print):
     return grid, out, seconds
 
 
-def _interval(values) -> tuple[float, float, float]:
-    return tuple(float(x) for x in seed_interval(np.asarray(values)))
-
-
-def _on_grid(tau: float, taus) -> str:
-    """Where ``tau`` falls on the grid: "= 10", "between 10 and 30", "above 100", "below 1"."""
-    if tau in taus:
-        return f"(= {tau:g}, on the grid)"
-    if tau > max(taus):
-        return f"(above the largest finite τ, {max(taus):g})"
-    if tau < min(taus):
-        return f"(below the smallest τ, {min(taus):g})"
-    low = max(t for t in taus if t < tau)
-    return f"(between {low:g} and {min(t for t in taus if t > tau):g})"
-
-
 def _reading(scale: Scale, table: dict, tau_arms: list, picked: dict) -> list[str]:
     """The shape of score against τ, the matched-updates control and the tuning edge, as
     bullet lines computed from the scoring table (seed means; the verdicts test them)."""
@@ -200,11 +184,6 @@ def _reading(scale: Scale, table: dict, tau_arms: list, picked: dict) -> list[st
     return lines
 
 
-def _mean_age(counts) -> float:
-    counts = np.asarray(counts, np.float64)
-    return float((counts * np.arange(counts.shape[-1])).sum() / max(counts.sum(), 1))
-
-
 def write_outputs(scale: Scale, pilot: dict, tuning: dict, grid, out, out_dir: Path, header: dict) -> str:
     import matplotlib
     matplotlib.use("Agg")
@@ -218,7 +197,7 @@ def write_outputs(scale: Scale, pilot: dict, tuning: dict, grid, out, out_dir: P
         runs.append({"arm": r["arm"], "method": method, "tau": tau, "learning_rate": picked[r["arm"]],
                      "seed": r["seed"], "final_expected_reward": float(out["expected_reward"][i, -1]),
                      "mean_expected_reward": float(out["expected_reward"][i].mean()),
-                     "mean_sampled_age": _mean_age(out["sampled_age_counts"][i]),
+                     "mean_sampled_age": histogram_mean(out["sampled_age_counts"][i]),
                      "extra_update_cosine": float(out["extra_update_cosine"][i].mean()),
                      "num_updates": int(out["num_updates"][i]), "adam_count": int(out["adam_count"][i])})
     write_csv(out_dir / "runs.csv", runs)
@@ -241,8 +220,8 @@ def write_outputs(scale: Scale, pilot: dict, tuning: dict, grid, out, out_dir: P
     by_arm = {arm: [r for r in runs if r["arm"] == arm] for arm in named}
     table = {}
     for arm, rows in by_arm.items():
-        m, lo, hi = _interval([r["mean_expected_reward"] for r in rows])
-        f, flo, fhi = _interval([r["final_expected_reward"] for r in rows])
+        m, lo, hi = interval([r["mean_expected_reward"] for r in rows])
+        f, flo, fhi = interval([r["final_expected_reward"] for r in rows])
         table[arm] = {"arm": arm, "tau": named[arm][1], "learning_rate": picked[arm], "mean": m,
                       "mean_low": lo, "mean_high": hi, "final": f, "final_low": flo, "final_high": fhi,
                       "sampled_age": float(np.mean([r["mean_sampled_age"] for r in rows]))}
@@ -336,13 +315,13 @@ def write_outputs(scale: Scale, pilot: dict, tuning: dict, grid, out, out_dir: P
         f"{LEARNING_PHASE_REWARD}; `ess_vs_age.csv`, `ess_vs_age.png`). The sequence weight is the "
         "product of the T per-step weights, so its ESS falls faster. Where the rules for τ fall "
         f"on the grid {list(scale.taus)} + ∞: the authors' README default, 500 versions "
-        f"{_on_grid(500.0, scale.taus)}, and their older heuristic capacity / (2 · batch) = "
-        f"{half:g} versions {_on_grid(half, scale.taus)}; the ESS rule (τ = τ_ESS of the data) "
+        f"{position_on_grid(500.0, scale.taus)}, and their older heuristic capacity / (2 · batch) = "
+        f"{half:g} versions {position_on_grid(half, scale.taus)}; the ESS rule (τ = τ_ESS of the data) "
         "at the learning rate `freshper_authors` was tuned to most often, "
         f"{fresh_lr}: {drift[fresh_lr]['tau_trajectory']:.1f} from trajectory weights "
-        f"{_on_grid(drift[fresh_lr]['tau_trajectory'], scale.taus)}, "
+        f"{position_on_grid(drift[fresh_lr]['tau_trajectory'], scale.taus)}, "
         f"{drift[fresh_lr]['tau_step']:.1f} from per-step weights "
-        f"{_on_grid(drift[fresh_lr]['tau_step'], scale.taus)}.",
+        f"{position_on_grid(drift[fresh_lr]['tau_step'], scale.taus)}.",
         "",
         "## Scores (scoring seeds, each arm at its tuned learning rate; 95% Student-t intervals)",
         "",
