@@ -87,6 +87,38 @@ def load_experiment():
     return load
 
 
+@pytest.fixture(scope="session")
+def run_study():
+    """``run_study(stem, scale, out)`` runs ``experiments/<stem>.py --scale <scale> --out <out>``
+    as a user does (a subprocess from the repository root; ``--allow-dirty``: the tests run on
+    edited trees) and returns the finished process; a non-zero exit fails with its stderr's tail."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+
+    def run(stem: str, scale: str, out) -> subprocess.CompletedProcess:
+        done = subprocess.run([sys.executable, str(root / "experiments" / f"{stem}.py"), "--scale", scale,
+                               "--out", str(out), "--allow-dirty"], capture_output=True, text=True, cwd=root,
+                              timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def csv_rows():
+    """``csv_rows(path)``: the rows of a CSV file as dicts (header keys)."""
+    import csv
+
+    def read(path) -> list[dict]:
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+
+    return read
+
+
 @pytest.fixture
 def run_notebook(tmp_path):
     """``run_notebook(stem)`` executes ``notebooks/<stem>.ipynb`` top to bottom in a fresh kernel

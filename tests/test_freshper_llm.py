@@ -2,54 +2,34 @@
 BPE stand-in): its tables, arms and seeds, the authors' pipeline's update count, resumption."""
 from __future__ import annotations
 
-import csv
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "experiments" / "freshper_llm.py"
-
-
-def _run(out: Path) -> subprocess.CompletedProcess:
-    done = subprocess.run([sys.executable, str(SCRIPT), "--scale", "bpe-slice-ci", "--out", str(out),
-                           "--allow-dirty"], capture_output=True, text=True, cwd=ROOT, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
-
-
-def _rows(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 @pytest.fixture(scope="module")
-def ci_run(tmp_path_factory):
+def ci_run(tmp_path_factory, run_study):
     out = tmp_path_factory.mktemp("freshper_llm")
-    return out, _run(out)
+    return out, run_study("freshper_llm", "bpe-slice-ci", out)
 
 
-def test_every_arm_and_seed_is_scored_on_held_out_prompts(ci_run):
+def test_every_arm_and_seed_is_scored_on_held_out_prompts(ci_run, csv_rows):
     out, first = ci_run
     for name in ("runs.csv", "curves.csv", "ess_vs_age.csv", "ess_fit.csv", "learning_curves.png",
                  "config.json", "README.md"):
         assert (out / name).stat().st_size > 0, name
-    runs = _rows(out / "runs.csv")
+    runs = csv_rows(out / "runs.csv")
     arms = {r["arm"] for r in runs}
     assert arms == {"on_policy", "per_authors", "freshper_authors_tau1", "freshper_authors_tau4"}
     for arm in arms:  # 2 seeds per arm, common across the τ rows
         assert sorted(int(r["seed"]) for r in runs if r["arm"] == arm) == [0, 1]
     assert all(0.0 <= float(r["held_out_success"]) <= 1.0 for r in runs)
     assert all(float(r["mean_sampled_age"]) == 0.0 for r in runs if r["arm"] == "on_policy")  # never replays
-    assert {r["weights"] for r in _rows(out / "ess_fit.csv")} == {"token", "sequence"}
+    assert {r["weights"] for r in csv_rows(out / "ess_fit.csv")} == {"token", "sequence"}
     assert "[per_authors] iteration 4/4" in first.stdout
 
 
-def test_rerun_loads_finished_arms(ci_run):
+def test_rerun_loads_finished_arms(ci_run, run_study):
     out, first = ci_run
     runs = (out / "runs.csv").read_text()
-    again = _run(out)
+    again = run_study("freshper_llm", "bpe-slice-ci", out)
     assert "iteration" not in again.stdout.split("# FreshPER")[0]  # no arm trained again
     assert (out / "runs.csv").read_text() == runs
