@@ -47,7 +47,7 @@ import numpy as np
 
 from fresh_rl.lag import fit_ess_time_constant
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
-from fresh_rl.report import histogram_mean, interval, position_on_grid
+from fresh_rl.report import histogram_mean, interval, plot_score_vs_tau, position_on_grid
 from fresh_rl.sweep import output_lock, product_grid, run_stage
 from fresh_rl.sweep.study_cli import study_main
 from fresh_rl.tabular_bandit import BedConfig, method_hparams, stack_hparams, train
@@ -251,18 +251,9 @@ def write_outputs(scale: Scale, pilot: dict, tuning: dict, grid, out, out_dir: P
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    x = [named[a][1] if math.isfinite(named[a][1]) else 10 * max(scale.taus) for a in tau_arms]
-    mean = np.array([table[a]["mean"] for a in tau_arms])
-    err = np.array([[table[a]["mean"] - table[a]["mean_low"], table[a]["mean_high"] - table[a]["mean"]]
-                    for a in tau_arms]).T
-    ax.errorbar(x, mean, yerr=err, fmt="o-", capsize=3, label="freshper_authors (∞: per_authors)")
-    for arm, style in (("onpolicy", "--"), ("onpolicy_epochs", "-."), ("uniform", ":")):
-        ax.axhline(table[arm]["mean"], ls=style, color="grey", label=arm)
-    ax.set(xscale="log", xlabel="τ (versions); rightmost point τ = ∞",
-           ylabel=f"mean exact J over the run ({n} scoring seeds, 95% t)")
-    ax.set_xticks(x, [f"{t:g}" for t in scale.taus] + ["∞"])
-    ax.minorticks_off()
-    ax.legend(fontsize=7)
+    plot_score_vs_tau(ax, scale.taus, [table[a] for a in tau_arms],
+                      {arm: table[arm]["mean"] for arm in ("onpolicy", "onpolicy_epochs", "uniform")},
+                      f"mean exact J over the run ({n} scoring seeds, 95% t)")
     fig.tight_layout()
     fig.savefig(out_dir / "score_vs_tau.png", dpi=110)
     plt.close(fig)

@@ -7,7 +7,6 @@ way.
 """
 from __future__ import annotations
 
-import math
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -61,9 +60,4 @@ def plot_score_vs_tau(ax, taus: Sequence[float], rows: Sequence[Mapping], contro
     ax.legend(fontsize=7)
 
 
-def finite_or_zero(x: float) -> float:
-    """``x`` if finite, else 0.0 (for table columns such as buffer span / τ at τ = ∞)."""
-    return x if math.isfinite(x) else 0.0
-
-
-__all__ = ["finite_or_zero", "histogram_mean", "interval", "interval_text", "plot_score_vs_tau", "position_on_grid"]
+__all__ = ["histogram_mean", "interval", "interval_text", "plot_score_vs_tau", "position_on_grid"]
