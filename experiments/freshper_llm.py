@@ -17,6 +17,8 @@ Claims: experiments/claims/freshper_llm.toml, decided by experiments/verdicts.py
 
     python experiments/freshper_llm.py --scale bpe-slice-ci   # the tests (random-weight stand-in)
     python experiments/freshper_llm.py --scale bpe-slice      # the committed results (2-core CPU)
+    python experiments/freshper_llm.py --scale paper-slice    # Qwen2.5-0.5B, one accelerator
+      (needs the Hugging Face folder at fresh_rl.llm.presets.QWEN2_5_0_5B_FOLDER, models/Qwen2.5-0.5B)
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ from fresh_rl.sweep.integrity import tree_checksum
 from fresh_rl.sweep.keys import seed_key
 from fresh_rl.sweep.study_cli import study_main
 
-SCALES = {name: FRESHPER_SCALES[name] for name in ("bpe-slice", "bpe-slice-ci")}
+SCALES = {name: FRESHPER_SCALES[name] for name in ("bpe-slice", "bpe-slice-ci", "paper-slice")}
 TASK = "arithmetic"
 
 
@@ -180,6 +182,9 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
     started, scale, out = time.perf_counter(), SCALES[scale_name], Path(out_dir)
     if seed != 0:
         raise ValueError("--seed: this study's seeds are the scale's 0 … seeds − 1")
+    if not Path(scale.model, "config.json").is_file():
+        raise SystemExit(f"--scale {scale_name}: no Hugging Face model folder at {scale.model} (config.json "
+                         "missing); put the model there first")
     model_config, params, vocab = load_hf_model(scale.model)
     env = with_vocab(BPE_TASKS[TASK], vocab)
     with output_lock(out):

@@ -37,7 +37,7 @@ INDEX = REPOSITORY_ROOT / "results" / "VERDICTS.md"
 STAMP = "Stamped at commit "
 """Start of the index's one line that names the commit of the code that wrote it."""
 STUDY_ORDER = ("vaco", "freshper_bandit", "freshper_control_tau", "freshper_llm", "freshper_control",
-               "old_logits_control", "old_logits_bpe", "llm_rl_gain", "compose", "compose_acrobot")
+               "old_logits_control", "old_logits_factorial", "old_logits_bpe", "llm_rl_gain", "compose", "compose_acrobot")
 
 
 def _rows(path: Path) -> list[dict]:
@@ -336,6 +336,32 @@ def old_logits_bpe_reader(root: Path):
     return series, measure
 
 
+def old_logits_factorial_reader(root: Path):
+    """results/old_logits_factorial/runs.csv: one row per scoring run (task, staleness setting,
+    arm, seed; mean learner return over the evaluations, mean ρ_active, the fraction of
+    iterations whose EWMA reset fired)."""
+    table: dict[tuple, dict[int, float]] = {}
+    resets: dict[tuple, list[float]] = {}
+    for r in _rows(root / "results" / "old_logits_factorial" / "runs.csv"):
+        for metric, column in (("return", "mean_return"), ("active", "active_fraction")):
+            table.setdefault((r["arm"], r["task"], r["setting"], metric), {})[int(r["seed"])] = float(r[column])
+        if r["arm"] == "ewma":
+            resets.setdefault((r["task"], r["setting"]), []).append(float(r["reset_rate"]))
+
+    def series(arm, claim, cell):
+        return _series_of(table, (arm, cell["task"], cell["setting"], claim["metric"]))
+
+    def measure(gate, cell):
+        if gate["measure"] == "recompute_current_masked_fraction":
+            active = table[("recompute_current", cell["task"], cell["setting"], "active")]
+            return 1.0 - float(np.mean(list(active.values())))
+        if gate["measure"] == "reset_rate":
+            return float(np.mean(resets[cell["task"], cell["setting"]]))
+        raise ValueError(f"old_logits_factorial: unknown gate {gate['measure']!r}")
+
+    return series, measure
+
+
 # ------------------------------------------------------------------------------ RL gain --
 
 def llm_rl_gain_reader(root: Path):
@@ -397,6 +423,7 @@ READERS: dict[str, Callable] = {"compose": compose_reader,
                                     root, "freshper_control_tau", ("final_return", "mean_eval_return")),
                                 "freshper_control": freshper_control_reader, "freshper_llm": freshper_llm_reader,
                                 "old_logits_control": old_logits_control_reader,
+                                "old_logits_factorial": old_logits_factorial_reader,
                                 "old_logits_bpe": old_logits_bpe_reader, "llm_rl_gain": llm_rl_gain_reader}
 
 

@@ -33,3 +33,27 @@ def test_rerun_loads_finished_arms(ci_run, run_study):
     again = run_study("freshper_llm", "bpe-slice-ci", out)
     assert "iteration" not in again.stdout.split("# FreshPER")[0]  # no arm trained again
     assert (out / "runs.csv").read_text() == runs
+
+
+def test_paper_slice_spans_five_tau_and_refuses_a_missing_model_folder(tmp_path):
+    """The accelerator preset: a run (and a buffer) of ≥ 5 τ at its largest τ; without the
+    Qwen2.5-0.5B folder the script exits before building anything, naming the folder."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from fresh_rl.llm.presets import FRESHPER_SCALES, QWEN2_5_0_5B_FOLDER
+
+    scale = FRESHPER_SCALES["paper-slice"]
+    assert scale.iterations >= 5 * max(scale.taus) and scale.seeds >= 5
+    for name, config in scale.methods:
+        if config.replay_updates:
+            assert config.capacity >= scale.iterations * scale.rl.batch_size, name
+    root = Path(__file__).resolve().parents[1]
+    missing = tmp_path / "no_model"  # the preset's folder moved aside by pointing the scale elsewhere
+    code = ("import dataclasses, sys; sys.path.insert(0, 'experiments'); import freshper_llm as f; "
+            f"f.SCALES['paper-slice'] = dataclasses.replace(f.SCALES['paper-slice'], model={str(missing)!r}); "
+            f"f.main(['--scale', 'paper-slice', '--out', {str(tmp_path / 'out')!r}, '--allow-dirty'])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=300)
+    assert done.returncode != 0 and str(missing) in done.stderr and "config.json" in done.stderr
+    assert QWEN2_5_0_5B_FOLDER.endswith("Qwen2.5-0.5B")

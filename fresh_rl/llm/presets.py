@@ -45,6 +45,8 @@ ARITHMETIC_WARM_START = str(RESULTS / "llm_warm_start_arithmetic" / "checkpoint"
 # random-weight BPE stand-in the tests use
 BPE_WARM_START = str(RESULTS / "llm_warm_start_bpe" / "model")
 BPE_STANDIN = str(REPOSITORY_ROOT / "tests" / "fixtures" / "qwen2_bpe_tiny")
+# Where the paper-scale LLM slices look for the Qwen2.5-0.5B Hugging Face folder (not shipped)
+QWEN2_5_0_5B_FOLDER = str(REPOSITORY_ROOT / "models" / "Qwen2.5-0.5B")
 
 # The Qwen2.5-1.5B shapes (model.PRESETS["qwen2.5-1.5b"]), the scale benchmark's larger model.
 QWEN2_5_1_5B = preset("qwen2.5-1.5b")
@@ -383,6 +385,17 @@ FRESHPER_SCALES = {
         rl=dataclasses.replace(FRESHPER_RL, num_groups=1, group_size=4, prompt_pool=4),
         tasks=("arithmetic",), methods=authors_methods(4 * 4), taus=(1.0, 4.0), seeds=2,
         iterations=4, model=BPE_STANDIN, eval_episodes=8),
+    # the slice at paper scale, for one accelerator (experiments/freshper_llm.py --scale paper-slice):
+    # Qwen2.5-0.5B (a Hugging Face folder at QWEN2_5_0_5B_FOLDER), 16 × 8 = 128 episodes per
+    # iteration (the authors' trajrb rollout batch), lr 1e-6 as the old-logit paper scale (the
+    # FreshPER paper's is unknown to us), τ = 100 and the authors' default 500 versions, and a
+    # buffer holding the whole run of 5 × 500 iterations, so it spans 5 τ at τ = 500 (the
+    # authors' 50,000-trajectory capacity would hold 390 versions, less than their τ).
+    "paper-slice": FreshPERScale(
+        rl=dataclasses.replace(FRESHPER_RL, num_groups=16, group_size=8, learning_rate=1e-6,
+                               prompt_pool=BPE_POOL_RL.prompt_pool, minibatches=4, remat=True),
+        tasks=("arithmetic",), methods=authors_methods(128 * 2500), taus=(100.0, 500.0), seeds=5,
+        iterations=2500, model=QWEN2_5_0_5B_FOLDER, eval_episodes=1024),
     "paper": FreshPERScale(
         rl=dataclasses.replace(FRESHPER_RL, num_groups=128, group_size=8, learning_rate=1e-6,
                                minibatches=4, remat=True),  # as the old-logit paper scale
@@ -392,7 +405,7 @@ FRESHPER_SCALES = {
 }
 
 __all__ = ["ARITHMETIC_WARM_START", "BPE_CYCLE", "BPE_POOL_RL", "BPE_STANDIN", "BPE_TASKS", "BPE_WARM_START", "CYCLE", "FRESHPER_RL", "FRESHPER_SCALES", "FreshPERScale",
-           "OLD_LOGITS_RL", "OLD_LOGITS_SCALES", "OldLogitsScale", "QWEN2_5_1_5B", "RESULTS", "RL_GAIN_RL",
+           "OLD_LOGITS_RL", "OLD_LOGITS_SCALES", "OldLogitsScale", "QWEN2_5_0_5B_FOLDER", "QWEN2_5_1_5B", "RESULTS", "RL_GAIN_RL",
            "RL_GAIN_SCALES", "RLGainScale", "rl_gain_pipeline",
            "SPECIALIZE", "SYNC", "TASKS", "WARM_START", "authors_methods", "char_task_for", "freshper_methods",
            "load_params", "model_folder"]
