@@ -510,3 +510,41 @@ def test_route_verdicts_pair_the_seeds_every_route_finished(load_experiment):
     rows = experiment.route_verdicts(scale, histories, [r for r in eval_rows if not (
         r.get("seed") == 1 and r.get("route") == "linear_proxy" and r["prompts"] == "held_out")])
     assert {r["seeds"] for r in rows} == {1}
+
+
+def test_factorial_routes_feed_the_mask_and_the_clip_from_two_routes(params, drift_ring):
+    """``mask_snapshot_clip_current`` / ``mask_current_clip_snapshot`` on the LLM pipeline: the
+    batch's old log-probs (the MIS mask's) are one pure route's and its clip centre the other's,
+    from the same episodes (same state and key); the pure routes carry no separate centre. The
+    decoupled update reads the centre: the clip fractions of the crossed arms differ."""
+    config = dataclasses.replace(CONFIG, num_groups=4, group_size=4)
+    state = ap.init_state(config, ap.AsyncConfig(staleness_window=RING - 1), params, window=4)
+    state = state.replace(ring=drift_ring, train=state.train.replace(params=version_ring.get(drift_ring, 0)))
+    key = jax.random.PRNGKey(3)
+
+    def prepared(route):
+        async_config = ap.AsyncConfig(staleness_window=RING - 1, old_logit_route=route)
+        return jax.device_get(jax.jit(lambda s, k: ap.prepare(s, k, config=config, async_config=async_config,
+                                                               env=ENV, model_config=MODEL))(state, key).batch)
+
+    pure = {r: prepared(r) for r in ("snapshot", "recompute_current")}
+    assert pure["snapshot"].clip_logprobs is None and pure["recompute_current"].clip_logprobs is None
+    gap = np.abs(pure["snapshot"].old_logprobs - pure["recompute_current"].old_logprobs).max()
+    assert gap > 10 * FP32_LOGP_ATOL  # lag 4 of a drifting ring: the two sources differ
+    for route, (mask, clip) in {"mask_snapshot_clip_current": ("snapshot", "recompute_current"),
+                                "mask_current_clip_snapshot": ("recompute_current", "snapshot")}.items():
+        batch = prepared(route)
+        np.testing.assert_array_equal(batch.tokens, pure["snapshot"].tokens)  # the same episodes
+        np.testing.assert_allclose(batch.old_logprobs, pure[mask].old_logprobs, atol=FP32_LOGP_ATOL)
+        np.testing.assert_allclose(batch.clip_logprobs, pure[clip].old_logprobs, atol=FP32_LOGP_ATOL)
+    # the loss reads the centre: same mask, other clip centre → another clipped set
+    from fresh_rl.llm.policy_losses import LOSSES
+    ones = jnp.asarray(pure["snapshot"].action_mask, jnp.float32)  # A = 1: every ratio above 1 + ε clips
+    logp = jnp.asarray(pure["snapshot"].old_logprobs) + 0.3 * ones
+    split, snapshot = (dataclasses.replace(b, advantages=ones) for b in (prepared("mask_snapshot_clip_current"),
+                                                                         pure["snapshot"]))
+    _, _, m_split = LOSSES["decoupled"].fn(logp, split, config=config, proximal=None)
+    _, _, m_pure = LOSSES["decoupled"].fn(logp, snapshot, config=config, proximal=None)
+    assert float(m_pure["clip_fraction"]) > 0.5  # log r_s = 0.3 > log 1.2 on every kept token
+    assert float(m_split["active_fraction"]) == pytest.approx(float(m_pure["active_fraction"]))
+    assert float(m_split["clip_fraction"]) != pytest.approx(float(m_pure["clip_fraction"]), abs=1e-3)

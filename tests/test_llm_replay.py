@@ -90,9 +90,9 @@ def test_incompatible_trainer_settings_fail_clearly():
                         dataclasses.replace(replay, replay_advantages="stored"))
     with pytest.raises(ValueError, match="capacity must be >= the batch size"):
         rt.check_compatible(CONFIG, dataclasses.replace(replay, capacity=2))
-    # a factorial route centres the clip apart from the mask: the LLM batch carries one old log-prob array
+    # a factorial route centres the clip apart from the mask: a stored trajectory carries one old log-prob array
     split = dataclasses.replace(SYNC, old_logit_route="mask_snapshot_clip_current")
-    with pytest.raises(ValueError, match="old_logit_route='mask_snapshot_clip_current'"):
+    with pytest.raises(ValueError, match="old_logit_route='mask_snapshot_clip_current'.*replay buffer"):
         rt.make_iteration(CONFIG, split, replay, ENV, MODEL)
 
 

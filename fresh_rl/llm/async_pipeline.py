@@ -316,7 +316,7 @@ def prepare(state: AsyncState, key, *, config: RLConfig, async_config: AsyncConf
         segments=env.max_turns * chunk_schedule(async_config, env.action_len)[1])
     out = async_config.route.fn(context)
     batch = prepare_batch(train.params, episodes, config=config, model_config=model_config,
-                          old_logprobs=out.old, proxy_alpha=out.proxy_alpha)
+                          old_logprobs=out.old, proxy_alpha=out.proxy_alpha, clip_logprobs=out.clip_old)
     return FreshBatch(episodes=episodes, batch=batch,
                       ewma=state.ewma if out.ewma is None else out.ewma, start_lag=start_lag,
                       forwards=jnp.asarray(out.forwards, jnp.int32),

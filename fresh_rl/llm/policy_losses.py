@@ -10,7 +10,8 @@ pipelines' loss × route check (:func:`check_route`) read only the registry.
   the recompute). Reads no old log-probs.
 * ``decoupled`` — :func:`~fresh_rl.corrections.decoupled.decoupled_ppo_loss_sum`: MIS/TIS on
   r_d = π_old/π_infer and the PPO clip on r_s = π_θ/π_old (docs/old_logits.md). A route's
-  interpolation proxy may stand in for π_old (``proximal``).
+  interpolation proxy may stand in for π_old (``proximal``); a factorial route centres the
+  clip on other old log-probs than the mask's (``batch.clip_logprobs``).
 * ``vaco`` — VACO (arXiv 2603.01365; docs/vaco.md): the advantages are realigned once per
   batch (:func:`vaco_realign`), then every minibatch takes the unclipped IS policy gradient
   with the TV filter (:func:`~fresh_rl.corrections.vaco_policy_loss`, δ and its convention
@@ -84,6 +85,9 @@ class PolicyLoss:
         synchronous trainer's fp32 forward); without it a route's work is wasted.
       accepts_proximal: a route's per-minibatch interpolation proxy may stand in for the old
         log-probs.
+      accepts_clip_centre: the loss has a mask on r_d and a clip on r_s and reads the clip
+        centre from ``batch.clip_logprobs`` when set, so a factorial route (``splits_clip``)
+        can feed the two from different old log-probs.
       realign: ``realign(batch, config) -> (batch, metrics)``, run once per batch before its
         epochs and minibatches (``None``: none).
       splits_by_rows: the token sums of a minibatch's row parts add up to the minibatch's, so
@@ -95,6 +99,7 @@ class PolicyLoss:
     fn: Callable[..., tuple]
     reads_old_logprobs: bool = True
     accepts_proximal: bool = False
+    accepts_clip_centre: bool = False
     realign: Optional[Callable[[Any, Any], tuple]] = None
     splits_by_rows: bool = True
 
@@ -134,13 +139,15 @@ def check_route(loss_name: str, route_name: str) -> None:
     * a loss that reads no old log-probs (``ppo_clip``) with a route that spends anything on
       them (a forward pass, collection-time scoring, a proxy, θ_ref): the work would change
       nothing. ``behaviour`` (no work) serves every loss;
-    * a factorial route (``splits_clip``): the LLM batch carries one old log-prob array.
+    * a factorial route (``splits_clip``) with a loss that does not read a separate clip
+      centre (``accepts_clip_centre``: only ``decoupled`` has a mask and a clip apart).
     """
     loss, route = get_loss(loss_name), get_route(route_name)
-    if route.splits_clip:
+    if route.splits_clip and not loss.accepts_clip_centre:
         raise ValueError(f"AsyncConfig.old_logit_route={route_name!r} centres the clip apart from the mask's old "
-                         f"log-probs, which the LLM pipeline does not carry for any RLConfig.loss={loss_name!r} "
-                         "(the control trainer does); choose another route")
+                         f"log-probs, which RLConfig.loss={loss_name!r} does not read (losses that do: "
+                         f"{', '.join(n for n, e in LOSSES.items() if e.accepts_clip_centre)}); choose another "
+                         "route or loss")
     if loss.reads_old_logprobs and route.proximal is not None and not loss.accepts_proximal:
         raise ValueError(
             f"RLConfig.loss={loss.name!r} needs old log-probs fixed for the whole batch, but "
@@ -174,7 +181,7 @@ def _decoupled(logp, batch, *, config, proximal):
     if proximal is not None:
         old = PROXIMAL_PROXIES[proximal](batch.behaviour_log_probs, logp, batch.proxy_alpha)
     return decoupled_ppo_loss_sum(logp, old, batch.behaviour_log_probs, batch.advantages,
-                                  batch.action_mask, config=config.decoupled)
+                                  batch.action_mask, config=config.decoupled, clip_log_probs=batch.clip_logprobs)
 
 
 def _vaco(logp, batch, *, config, proximal):
@@ -208,7 +215,7 @@ def vaco_realign(batch, config):
 
 
 for _loss in (PolicyLoss("ppo_clip", _ppo_clip, reads_old_logprobs=False),
-              PolicyLoss("decoupled", _decoupled, accepts_proximal=True),
+              PolicyLoss("decoupled", _decoupled, accepts_proximal=True, accepts_clip_centre=True),
               PolicyLoss("vaco", _vaco, realign=vaco_realign, splits_by_rows=False)):
     register_loss(_loss)
 del _loss

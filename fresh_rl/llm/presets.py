@@ -27,7 +27,7 @@ import dataclasses
 import math
 from typing import Optional
 
-from fresh_rl.corrections.routes import REPAIR_ROUTES
+from fresh_rl.corrections.routes import FACTORIAL_ROUTES, REPAIR_ROUTES
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm import replay_trainer as rt
 from fresh_rl.llm.model import preset
@@ -252,6 +252,15 @@ OLD_LOGITS_SCALES = {
     "bpe": OldLogitsScale(
         model=BPE_WARM_START, rl=BPE_POOL_RL, env=BPE_TASKS["arithmetic"], windows=(1, 4, 16),
         grid_routes=("recompute_current", "snapshot", "linear_proxy", "ewma", "ewma_no_reset"),
+        seeds=5, iterations=60, overhead_window=4, overhead_iterations=0, eval_episodes=512,
+        lag_kind="uniform", ewma_beta_rule="window"),
+    # the mask × clip factorial at W = 16 (experiments/old_logits.py --scale bpe-factorial): the
+    # bpe scale's setting (the same ring of 17 versions, so snapshot and recompute_current are
+    # its runs) with the two crossed routes, which take the MIS mask's old log-probs from one of
+    # them and the clip centre from the other
+    "bpe-factorial": OldLogitsScale(
+        model=BPE_WARM_START, rl=BPE_POOL_RL, env=BPE_TASKS["arithmetic"], windows=(16,),
+        grid_routes=("snapshot", "recompute_current") + FACTORIAL_ROUTES,
         seeds=5, iterations=60, overhead_window=4, overhead_iterations=0, eval_episodes=512,
         lag_kind="uniform", ewma_beta_rule="window"),
     # its test-suite version on the random-weight stand-in: one route, two windows

@@ -418,6 +418,11 @@ def make_iteration(config: RLConfig, async_config: ap.AsyncConfig,
     :func:`fresh_rl.llm.policy_losses.check_route`)."""
     check_compatible(config, replay_config)
     check_route(config.loss, async_config.old_logit_route)
+    if async_config.route.splits_clip:
+        raise ValueError(f"RLConfig.loss={config.loss!r} with AsyncConfig.old_logit_route="
+                         f"{async_config.old_logit_route!r}: a factorial route centres the clip on other old "
+                         "log-probs than the mask's, and the replay buffer stores one old log-prob array per "
+                         "trajectory; choose another route (the async pipeline runs it)")
     config = program_config(config)  # the learning rate is read from the state
 
     def build():

@@ -252,6 +252,9 @@ class Batch:
     advantages: jax.Array  # [B, T]
     # [B, T] interpolation weight α of a proxy π_old (``policy_loss(proximal=...)``), else None
     proxy_alpha: Optional[jax.Array] = None
+    # [B, T] fp32 clip centre of r_s when a factorial route takes it from other old log-probs
+    # than the mask's (``RouteOutput.clip_old``), else None (the clip is centred on old_logprobs)
+    clip_logprobs: Optional[jax.Array] = None
 
 
 # every argument of optax.adamw but the learning rate stays a Python constant of the program
@@ -380,9 +383,11 @@ def compute_advantages(config: RLConfig, returns, action_mask):
 
 
 def prepare_batch(params, episodes: Episodes, *, config: RLConfig,
-                  model_config: Qwen2Config, old_logprobs=None, proxy_alpha=None) -> Batch:
+                  model_config: Qwen2Config, old_logprobs=None, proxy_alpha=None,
+                  clip_logprobs=None) -> Batch:
     """The advantages of ``episodes`` and their old log-probs: ``old_logprobs`` if given (an
-    old-log-prob route of :mod:`fresh_rl.corrections.routes`), else the fp32 forward of ``params``."""
+    old-log-prob route of :mod:`fresh_rl.corrections.routes`), else the fp32 forward of ``params``;
+    ``clip_logprobs``: a factorial route's separate clip centre (``None``: the old log-probs)."""
     if old_logprobs is None:
         old_logprobs, _ = token_logprobs_and_entropy(
             params, model_config, episodes.tokens, episodes.mask, temperature=config.temperature,
@@ -392,7 +397,9 @@ def prepare_batch(params, episodes: Episodes, *, config: RLConfig,
                  behaviour_log_probs=jnp.where(action_mask, episodes.behaviour_log_probs, 0.0),
                  old_logprobs=jnp.where(action_mask, jax.lax.stop_gradient(old_logprobs), 0.0),
                  advantages=compute_advantages(config, episodes.returns, action_mask),
-                 proxy_alpha=proxy_alpha)
+                 proxy_alpha=proxy_alpha,
+                 clip_logprobs=None if clip_logprobs is None else
+                 jnp.where(action_mask, jax.lax.stop_gradient(clip_logprobs), 0.0))
 
 
 def policy_logprobs(params, batch: Batch, *, config: RLConfig, model_config: Qwen2Config):
