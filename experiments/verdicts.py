@@ -37,7 +37,8 @@ INDEX = REPOSITORY_ROOT / "results" / "VERDICTS.md"
 STAMP = "Stamped at commit "
 """Start of the index's one line that names the commit of the code that wrote it."""
 STUDY_ORDER = ("vaco", "freshper_bandit", "freshper_control_tau", "freshper_llm", "freshper_control",
-               "old_logits_control", "old_logits_factorial", "old_logits_bpe", "llm_rl_gain", "compose", "compose_acrobot")
+               "old_logits_control", "old_logits_factorial", "old_logits_bpe",
+               "old_logits_bpe_factorial", "llm_rl_gain", "compose", "compose_acrobot")
 
 
 def _rows(path: Path) -> list[dict]:
@@ -299,12 +300,12 @@ def old_logits_control_reader(root: Path):
     return series, measure
 
 
-def old_logits_bpe_reader(root: Path):
-    """results/old_logits_bpe/: eval.csv (each finished run's learner success on the training
+def old_logits_bpe_reader(root: Path, folder: str = "old_logits_bpe"):
+    """results/<folder>/ (``old_logits_bpe``, ``old_logits_bpe_factorial``): eval.csv (each finished run's learner success on the training
     pool and on held-out prompts, per seed), runs/<route>_W<W>_seed<s>.csv (per step: ρ_active,
     averaged over the steps with a full ring, step ≥ W) and summary.csv (per route and W: the
     gate measurements)."""
-    study = root / "results" / "old_logits_bpe"
+    study = root / "results" / folder
     success: dict[tuple, dict[int, float]] = {}
     for r in _rows(study / "eval.csv"):
         if r["route"] and r["partial"] == "False":
@@ -331,7 +332,7 @@ def old_logits_bpe_reader(root: Path):
             return 1.0 - float(row["active_fraction"])
         if gate["measure"] == "mean_version_gap":
             return float(row["version_gap_mean"])
-        raise ValueError(f"old_logits_bpe: unknown gate {gate['measure']!r}")
+        raise ValueError(f"{folder}: unknown gate {gate['measure']!r}")
 
     return series, measure
 
@@ -424,7 +425,10 @@ READERS: dict[str, Callable] = {"compose": compose_reader,
                                 "freshper_control": freshper_control_reader, "freshper_llm": freshper_llm_reader,
                                 "old_logits_control": old_logits_control_reader,
                                 "old_logits_factorial": old_logits_factorial_reader,
-                                "old_logits_bpe": old_logits_bpe_reader, "llm_rl_gain": llm_rl_gain_reader}
+                                "old_logits_bpe": old_logits_bpe_reader,
+                                "old_logits_bpe_factorial": lambda root: old_logits_bpe_reader(
+                                    root, "old_logits_bpe_factorial"),
+                                "llm_rl_gain": llm_rl_gain_reader}
 
 
 # ------------------------------------------------------------------------------ the index --
