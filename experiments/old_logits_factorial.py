@@ -203,6 +203,22 @@ def write_readme(scale: Scale, results: list[dict], t: dict, out_dir: Path, head
     effect_lines = [f"| {e['task']} | {e['setting']} | {e['contrast']} | "
                     f"{interval_text(e['difference'], e['low'], e['high'])} |"
                     for e in t["effects"] if e["metric"] == "mean_return"]
+    calibration_lines = []
+    for res in results:
+        cell = res["calibration"]
+        rates = {t: np.mean([r["reset_rate"] for r in cell if r["threshold"] == t]) for t in scale.thresholds}
+        calibration_lines.append(f"| {cell[0]['task']} | {cell[0]['setting']} | {cell[0]['learning_rate']:g} | "
+                                 + " | ".join(f"{100 * rates[t]:.0f}%" for t in scale.thresholds)
+                                 + f" | {res['threshold']:g} |")
+    gap = {(e["task"], e["setting"]): e for e in t["effects"]
+           if e["metric"] == "mean_return" and e["contrast"].startswith("total gap")}
+    reading = [f"- {task} {setting}: gap {g['difference']:.0f}, of which the mask "
+               f"{m['difference']:.0f} ({100 * m['difference'] / g['difference']:.0f}%) and the clip "
+               f"{c['difference']:.0f} ({100 * c['difference'] / g['difference']:.0f}%)."
+               for (task, setting), g in gap.items() if g["low"] > 0
+               for m, c in [[next(e for e in t["effects"] if (e["task"], e["setting"]) == (task, setting)
+                                  and e["metric"] == "mean_return" and e["contrast"] == name)
+                             for name in ("mask main effect", "clip main effect")]]]
     stages = ", ".join(f"{r['runs'][0]['task']} {r['runs'][0]['setting']} {r['seconds']:.0f} s" for r in results)
     text = [
         "# Old-logit routes in control: mask × clip factorial and a calibrated EWMA reset", "",
@@ -224,6 +240,13 @@ def write_readme(scale: Scale, results: list[dict], t: dict, out_dir: Path, head
         "C = current weights. The total gap SS − CC is the sum of the two main effects. `effects.csv` also has "
         "the same contrasts in ρ_active; `effects.png`, `mechanism.png`.", "",
         "| task | setting | contrast | difference |", "|---|---|---|---|", *effect_lines, "",
+        "Where the total gap's interval lies above 0, the share of each half (main effects; they add up to "
+        "the gap):", "", *(reading or ["- no cell's gap is above 0."]), "",
+        "## Reset calibration (tuning seeds, `calibration.csv`)", "",
+        "| task | setting | lr (ewma_no_reset's) | " + " | ".join(f"{t:g}" for t in scale.thresholds)
+        + " | kept |", "|---|---|---|" + "---|" * len(scale.thresholds) + "---|", *calibration_lines, "",
+        "Reset rate = fraction of iterations whose ρ_active fell below the threshold (θ_ref ← θ). The scored "
+        "rate is in the arms table; the reset claims are testable only where it lies in 5–50%.", "",
         "## Verdicts", "",
         "Decided in [results/VERDICTS.md](../VERDICTS.md#old_logits_factorial) by `python experiments/verdicts.py` "
         "from `runs.csv` and experiments/claims/old_logits_factorial.toml: one pooled Student-t test per claim "
