@@ -38,7 +38,7 @@ STAMP = "Stamped at commit "
 """Start of the index's one line that names the commit of the code that wrote it."""
 STUDY_ORDER = ("vaco", "freshper_bandit", "freshper_control_tau", "freshper_llm", "freshper_control",
                "old_logits_control", "old_logits_factorial", "old_logits_bpe",
-               "old_logits_bpe_factorial", "llm_rl_gain", "compose", "compose_acrobot")
+               "old_logits_bpe_factorial", "old_logits_bpe_reset", "llm_rl_gain", "compose", "compose_acrobot")
 
 
 def _rows(path: Path) -> list[dict]:
@@ -363,6 +363,30 @@ def old_logits_factorial_reader(root: Path):
     return series, measure
 
 
+def old_logits_bpe_reset_reader(root: Path):
+    """results/old_logits_bpe_reset/runs.csv: one row per scoring run (route, seed; the final
+    learner's training-prompt and held-out success, mean ρ_active and the reset rate over the
+    iterations with a full ring). Its one cell is W = 16."""
+    table: dict[tuple, dict[int, float]] = {}
+    resets = []
+    for r in _rows(root / "results" / "old_logits_bpe_reset" / "runs.csv"):
+        for metric, column in (("success_training", "success_training"), ("success_held_out", "success_held_out"),
+                               ("active", "active_fraction")):
+            table.setdefault((r["route"], metric), {})[int(r["seed"])] = float(r[column])
+        if r["route"] == "ewma":
+            resets.append(float(r["reset_rate"]))
+
+    def series(arm, claim, cell):
+        return _series_of(table, (arm, claim["metric"]))
+
+    def measure(gate, cell):
+        if gate["measure"] == "reset_rate":
+            return float(np.mean(resets))
+        raise ValueError(f"old_logits_bpe_reset: unknown gate {gate['measure']!r}")
+
+    return series, measure
+
+
 # ------------------------------------------------------------------------------ RL gain --
 
 def llm_rl_gain_reader(root: Path):
@@ -428,6 +452,7 @@ READERS: dict[str, Callable] = {"compose": compose_reader,
                                 "old_logits_bpe": old_logits_bpe_reader,
                                 "old_logits_bpe_factorial": lambda root: old_logits_bpe_reader(
                                     root, "old_logits_bpe_factorial"),
+                                "old_logits_bpe_reset": old_logits_bpe_reset_reader,
                                 "llm_rl_gain": llm_rl_gain_reader}
 
 
