@@ -38,7 +38,6 @@ import dataclasses
 import functools
 import json
 import math
-import shutil
 import time
 import warnings
 from pathlib import Path
@@ -346,8 +345,6 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
     scale = SCALES[scale_name]
     out_dir = Path(out_dir)
     with output_lock(out_dir):
-        if fresh and (out_dir / "runs").exists():
-            shutil.rmtree(out_dir / "runs")
         pilot = drift_pilot(scale, out_dir, seed)
         log("tau per lr (trajectory / per-step ESS): " + ", ".join(
             f"{lr}: {d['tau_trajectory']:.1f} / {d['tau_step']:.1f}" for lr, d in pilot["by_lr"].items()))

@@ -48,7 +48,6 @@ import dataclasses
 import functools
 import json
 import math
-import shutil
 import time
 from pathlib import Path
 
@@ -500,8 +499,6 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
     started = time.perf_counter()
     scale, out_dir = SCALES[scale_name], Path(out_dir)
     with output_lock(out_dir):
-        if fresh and (out_dir / "runs").exists():
-            shutil.rmtree(out_dir / "runs")
         results, batch_normalized, short_tau = {}, {}, {}
         for config in scale.configs:
             env = config.env_name

@@ -30,7 +30,6 @@ import dataclasses
 import functools
 import json
 import math
-import shutil
 import time
 from pathlib import Path
 
@@ -263,8 +262,6 @@ def write_readme(scale: Scale, results: dict, t: dict, out_dir: Path, header: di
 def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
     started, scale, out_dir = time.perf_counter(), SCALES[scale_name], Path(out_dir)
     with output_lock(out_dir):
-        if fresh and (out_dir / "runs").exists():
-            shutil.rmtree(out_dir / "runs")
         results = {c.env_name: run_task(c, scale, out_dir, seed) for c in scale.configs}
         t = tables(scale, results)
         for name, rows in t.items():

@@ -43,7 +43,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -580,8 +579,6 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
     started = time.perf_counter()
     scale, out_dir = SCALES[scale_name], Path(out_dir)
     with output_lock(out_dir):
-        if fresh and (out_dir / "runs").exists():
-            shutil.rmtree(out_dir / "runs")
         results = {}
         for task in scale.tasks:
             for window in scale.windows:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -259,8 +258,6 @@ def write_readme(scale: Scale, results: list[dict], t: dict, out_dir: Path, head
 def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
     started, scale, out_dir = time.perf_counter(), SCALES[scale_name], Path(out_dir)
     with output_lock(out_dir):
-        if fresh and (out_dir / "runs").exists():
-            shutil.rmtree(out_dir / "runs")
         results = [run_cell(task, setting, scale, out_dir, seed) for task in scale.tasks for setting in scale.settings]
         t = {name: [r for res in results for r in res[name]] for name in ("runs", "tuning", "calibration")}
         t["effects"] = effects(t["runs"])

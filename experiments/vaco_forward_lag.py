@@ -28,7 +28,6 @@ import dataclasses
 import functools
 import json
 import math
-import shutil
 import time
 from pathlib import Path
 
@@ -245,8 +244,6 @@ def write_readme(scale: Scale, t: dict, picks: dict, seconds: float, out_dir: Pa
 def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
     started, scale, out_dir = time.perf_counter(), SCALES[scale_name], Path(out_dir)
     with output_lock(out_dir):
-        if fresh and (out_dir / "runs").exists():
-            shutil.rmtree(out_dir / "runs")
         t, picks = {"tuning": [], "runs": []}, {}
         for task in scale.tasks:
             picks[task.env_name], tuning = tune(task, scale, out_dir, seed)

@@ -56,6 +56,23 @@ def test_a_folder_of_another_scale_is_refused_unless_fresh(tmp_path, capsys):
     assert [c[0] for c in calls] == ["ci", "cpu"]
 
 
+def test_fresh_removes_the_saved_runs_and_checkpoints_before_the_study_runs(tmp_path):
+    out = tmp_path / "study"
+    seen = []
+
+    def run(scale, folder, seed, fresh):
+        seen.append(sorted(p.name for p in folder.iterdir()))
+        return "README"
+    study_main("a study", {"ci": 1}, out, run, ["--no-compilation-cache"])
+    for name in ("runs", "checkpoints"):
+        (out / name / "chunk").mkdir(parents=True)
+    (out / "README.md").write_text("kept")
+    study_main("a study", {"ci": 1}, out, run, ["--no-compilation-cache"])  # a rerun keeps them
+    study_main("a study", {"ci": 1}, out, run, ["--fresh", "--no-compilation-cache"])
+    assert {"runs", "checkpoints"} <= set(seen[1]) and not {"runs", "checkpoints"} & set(seen[2])
+    assert (out / "README.md").read_text() == "kept"
+
+
 CHECKED_SCRIPTS = ("vaco_lag_sweep", "quickstart")
 UNCHECKED_SCRIPTS = ("priority_staleness", "old_logits", "freshper", "llm_rl_gain", "llm_rl_probe", "llm_warm_start")
 

@@ -3,7 +3,7 @@
 ``python experiments/<study>.py --scale ci|cpu|paper [--out DIR] [--seed S] [--fresh]
 [--allow-dirty] [--compilation-cache …] [--checked]`` runs ``run(scale_name, out_dir, seed,
 fresh)`` and prints the README it returns. Saved chunks under ``--out`` are reused unless
-``--fresh``. The folder is claimed first (:func:`fresh_rl.sweep.identity.claim_folder`: study,
+``--fresh``, which removes them first (:data:`SAVED_RUN_FOLDERS`). The folder is claimed first (:func:`fresh_rl.sweep.identity.claim_folder`: study,
 scale and seed in ``run.json``): a folder holding another scale's or seed's results is refused,
 unless ``--fresh`` recomputes it. :func:`start_study` is that start (cache, fd-2 filter, folder
 claim, ``--checked``) for every script under ``experiments/``.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
@@ -21,7 +22,21 @@ from jax.experimental import checkify
 from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args, filter_cpu_cache_load_noise
 from fresh_rl.provenance import ALLOW_DIRTY_ENV, COMMIT_AT_START, command_line
 from fresh_rl.sweep.identity import IDENTITY_NAME, RunIdentityError, claim_folder
+from fresh_rl.sweep.lock import output_lock
 from fresh_rl.validation import CHECKED_HELP, checked, traced_check_message
+
+
+SAVED_RUN_FOLDERS = ("runs", "checkpoints")
+"""The folders of ``--out`` that hold a study's saved chunks and resume checkpoints: what
+``--fresh`` removes before the study runs."""
+
+
+def clear_saved_runs(out) -> None:
+    """Remove :data:`SAVED_RUN_FOLDERS` from ``out``, holding its lock (another run using the
+    folder is refused, :func:`fresh_rl.sweep.output_lock`)."""
+    with output_lock(out):
+        for name in SAVED_RUN_FOLDERS:
+            shutil.rmtree(Path(out) / name, ignore_errors=True)
 
 
 def study_main(description: str, scales: Mapping, default_out: Path,
@@ -44,6 +59,8 @@ def study_main(description: str, scales: Mapping, default_out: Path,
     if args.allow_dirty:
         os.environ[ALLOW_DIRTY_ENV] = "1"  # read by fresh_rl.provenance.provenance
     with start_study(parser, args, identity, args.out, argv, fresh=args.fresh):
+        if args.fresh:
+            clear_saved_runs(args.out)
         readme = run(args.scale, args.out, args.seed, args.fresh)
     print(readme)
 
