@@ -31,10 +31,12 @@ Writes to --out (default results/old_logits for cpu and paper, else results/old_
                   claims per W and prompt set, seed-paired on the seeds every route finished
                   (:func:`route_verdicts`), Holm-corrected over the windows; each claim is
                   decided over its cells by experiments/verdicts.py (results/VERDICTS.md)
+  effects.csv     (when the grid has the four arms of the mask × clip factorial) per W and
+                  metric the factorial's contrasts, seed-paired (:func:`factorial_tables`)
   success_vs_step.png, mechanism.png, reset_ablation.png, config.json
 The ``bpe`` scale is the LLM confirmation on the BPE warm start (results/llm_warm_start_bpe/model,
 random staleness L ~ U{0..W}, W ∈ {1, 4, 16}, 5 seeds × 60 iterations; ``bpe-ci`` its test
-version on the stand-in). A grid too long for one run runs in chunks: ``--max-runs N`` makes
+version on the stand-in; ``bpe-factorial`` the mask × clip factorial at W = 16). A grid too long for one run runs in chunks: ``--max-runs N`` makes
 at most N new runs and summarises every finished one (largest W first, seed by seed across
 routes: :func:`run_order`); ``--resume`` continues.
 The ``paper`` scale configures the qwen2.5-0.5b preset (pass --checkpoint, an HF folder) and
@@ -60,7 +62,7 @@ import numpy as np
 from fresh_rl.compilation_cache import add_compilation_cache_flag
 from fresh_rl.corrections.routes import REPAIR_ROUTES
 from fresh_rl.eval import holm_over_cells, seed_interval
-from fresh_rl.eval.route_claims import decide_route_claims
+from fresh_rl.eval.route_claims import FACTORIAL_CONTRASTS, decide_route_claims, factorial_effects
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm.checkpoint import add_model_flag, load_hf_model
 from fresh_rl.llm.evaluation import evaluate_policies
@@ -210,6 +212,31 @@ def evaluation_tables(scale: Scale, out: str, warm_start: list[dict]) -> tuple[l
                             "success_high": high, "warm_start": before[prompts],
                             "gain": mean - before[prompts]})
     return rows, summary
+
+
+def factorial_tables(scale: Scale, histories: dict, eval_rows: list[dict]) -> list[dict]:
+    """Per W where the grid ran all four arms of the mask × clip factorial
+    (:data:`fresh_rl.eval.route_claims.FACTORIAL_CONTRASTS`): each contrast on the seeds every arm
+    finished, for the final success on each prompt set and for ρ_active (steps with a full ring)."""
+    arms = sorted({a for pair in FACTORIAL_CONTRASTS.values() for side in pair for a in side})
+    if not set(arms) <= set(scale.grid_routes):
+        return []
+    rows = []
+    for window in scale.windows:
+        success = {(r["route"], r["seed"], r["prompts"]): r["success"] for r in eval_rows
+                   if r.get("route") and r["window"] == window and not r["partial"]}
+        runs = {a: histories.get((a, window, False), []) for a in arms}
+        prompt_sets = sorted({p for _, _, p in success})
+        seeds = [s for s in range(scale.seeds) if all(len(runs[a]) > s for a in arms)
+                 and all((a, s, p) in success for a in arms for p in prompt_sets)]
+        if len(seeds) < 2:
+            continue
+        metrics = {f"success_{p}": {a: np.array([success[a, s, p] for s in seeds]) for a in arms} for p in prompt_sets}
+        metrics["active"] = {a: np.array([runs[a][s]["active_token_fraction"][
+            full_ring(window, len(runs[a][s]["active_token_fraction"]))].mean() for s in seeds]) for a in arms}
+        rows += [{"window": window, "metric": metric, **r} for metric, values in metrics.items()
+                 for r in factorial_effects(values)]
+    return rows
 
 
 def declared_prompts(scale: Scale) -> str:
@@ -456,6 +483,9 @@ def main(argv=None):
         verdicts = route_verdicts(scale, histories, rows)
         if verdicts:
             write_csv(os.path.join(out, "verdicts.csv"), verdicts)
+        effects = factorial_tables(scale, histories, rows)
+        if effects:
+            write_csv(os.path.join(out, "effects.csv"), effects)
     plot(curves, scale, out)
     info = provenance(command=" ".join(["python experiments/old_logits.py"]
                                        + list(argv if argv is not None else sys.argv[1:])),

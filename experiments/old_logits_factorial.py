@@ -36,6 +36,7 @@ from fresh_rl.control.config import DEFAULT_MIS, TrainConfig
 from fresh_rl.control.hyperparams import HyperParams
 from fresh_rl.control.train import train
 from fresh_rl.eval import eval_mean_score
+from fresh_rl.eval.route_claims import FACTORIAL_CONTRASTS, factorial_effects
 from fresh_rl.lag import DelayConfig
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
 from fresh_rl.report import interval, interval_text
@@ -125,16 +126,12 @@ def run_cell(task: TrainConfig, setting: str, scale: Scale, out_dir: Path, seed:
             "runs": [{**cell, **r} for r in scoring], "seconds": t1 + t2 + t3, "threshold": threshold}
 
 
-CONTRASTS = {  # name → (a arms, b arms): seed-paired mean(a) − mean(b)
-    "total gap (snapshot − recompute_current)": (FACTORIAL[:1], FACTORIAL[3:]),
-    "mask main effect": (FACTORIAL[:2], FACTORIAL[2:]),
-    "clip main effect": (FACTORIAL[0::2], FACTORIAL[1::2]),
-    "interaction (half contrast)": (FACTORIAL[0::3], FACTORIAL[1:3]),
-    "reset: ewma − ewma_no_reset": (("ewma",), ("ewma_no_reset",)),
-}
+RESET_CONTRAST = "reset: ewma − ewma_no_reset"
 
 
 def effects(runs: list[dict]) -> list[dict]:
+    """Per cell and metric: the factorial's contrasts
+    (:data:`fresh_rl.eval.route_claims.FACTORIAL_CONTRASTS`) and the reset's, seed-paired."""
     out = []
     for cell in dict.fromkeys((r["task"], r["setting"]) for r in runs):
         by = {}
@@ -142,12 +139,15 @@ def effects(runs: list[dict]) -> list[dict]:
             if (r["task"], r["setting"]) == cell:
                 by.setdefault(r["arm"], {})[r["seed"]] = r
         seeds = sorted(by["snapshot"])
-        for name, (a, b) in CONTRASTS.items():
-            for metric in ("mean_return", "active_fraction"):
-                d = [np.mean([by[x][s][metric] for x in a]) - np.mean([by[x][s][metric] for x in b]) for s in seeds]
-                m, lo, hi = interval(d)
-                out.append({"task": cell[0], "setting": cell[1], "contrast": name, "metric": metric,
-                            "difference": m, "low": lo, "high": hi, "seeds": len(seeds)})
+        per_metric = {}
+        for metric in ("mean_return", "active_fraction"):
+            values = {arm: np.array([by[arm][s][metric] for s in seeds]) for arm in ROUTES}
+            m, lo, hi = interval(values["ewma"] - values["ewma_no_reset"])
+            per_metric[metric] = factorial_effects(values) + [
+                {"contrast": RESET_CONTRAST, "difference": m, "low": lo, "high": hi, "seeds": len(seeds)}]
+        out += [{"task": cell[0], "setting": cell[1], "contrast": r["contrast"], "metric": metric,
+                 **{k: r[k] for k in ("difference", "low", "high", "seeds")}}
+                for rows in zip(*per_metric.values()) for metric, r in zip(per_metric, rows)]
     return out
 
 
@@ -158,7 +158,7 @@ def figures(t: dict, out_dir: Path) -> None:
 
     cells = list(dict.fromkeys((r["task"], r["setting"]) for r in t["runs"]))
     fig, ax = plt.subplots(figsize=(9, 4))
-    names = list(CONTRASTS)[:4]
+    names = list(FACTORIAL_CONTRASTS)
     for i, name in enumerate(names):
         rows = [next(e for e in t["effects"] if (e["task"], e["setting"]) == c and e["contrast"] == name
                      and e["metric"] == "mean_return") for c in cells]

@@ -1,9 +1,12 @@
 """The old-logit route claims decided per cell (fresh_rl.eval.route_claims)."""
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fresh_rl.eval import holm_over_cells
-from fresh_rl.eval.route_claims import MIDPOINT, MIN_MASKED_FRACTION, RECOVERY_CLAIMS, ROUTE_CLAIMS, decide_route_claims
+from fresh_rl.eval.route_claims import (FACTORIAL_CONTRASTS, MIDPOINT, MIN_MASKED_FRACTION, RECOVERY_CLAIMS,
+                                        ROUTE_CLAIMS, decide_route_claims, factorial_effects)
 
 SEEDS = 6
 
@@ -98,3 +101,26 @@ def test_every_claimed_route_is_a_repair_route_of_the_shared_registry():
     from fresh_rl.corrections.routes import REPAIR_ROUTES
     named = {r for _, a, b, _, _ in ROUTE_CLAIMS for r in (a, b)} | {r for _, r in RECOVERY_CLAIMS}
     assert named | {"snapshot", "recompute_current"} <= set(REPAIR_ROUTES)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 12), st.integers(0, 2**31 - 1))
+def test_factorial_effects_split_the_gap_and_match_numpy(n, seed):
+    """The two main effects add up to the total gap SS − CC (an identity of the per-seed means, so
+    exact up to float64 rounding of four sums: ≤ 1e-12 of scores ≤ 10 here), every row is the
+    paired mean of a's arms minus b's with a Student-t interval around it, and the interaction
+    row is half of SS − SC − CS + CC."""
+    rng = np.random.default_rng(seed)
+    values = {arm: rng.normal(0, 3, n) for arm in ("snapshot", "mask_snapshot_clip_current",
+                                                   "mask_current_clip_snapshot", "recompute_current")}
+    rows = {r["contrast"]: r for r in factorial_effects(values)}
+    assert set(rows) == set(FACTORIAL_CONTRASTS) and all(r["seeds"] == n for r in rows.values())
+    ss, sc, cs, cc = (values[a] for a in ("snapshot", "mask_snapshot_clip_current", "mask_current_clip_snapshot",
+                                          "recompute_current"))
+    total = rows["total gap (snapshot − recompute_current)"]["difference"]
+    assert total == pytest.approx(float(np.mean(ss - cc)), abs=1e-12)
+    assert rows["mask main effect"]["difference"] + rows["clip main effect"]["difference"] == pytest.approx(total, abs=1e-12)
+    assert rows["interaction (half contrast)"]["difference"] == pytest.approx(float(np.mean(ss - sc - cs + cc)) / 2,
+                                                                             abs=1e-12)
+    for r in rows.values():
+        assert r["low"] <= r["difference"] <= r["high"]

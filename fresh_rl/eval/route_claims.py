@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from fresh_rl.eval.statistics import VERDICTS, paired_claim
+from fresh_rl.eval.statistics import VERDICTS, paired_claim, seed_interval
 
 ROUTE_CLAIMS = (
     # (claim, route a, route b, a better?, metric)
@@ -47,6 +47,30 @@ MIN_MASKED_FRACTION = 0.05
 """Below this fraction of samples masked by recompute_current, a cell cannot test a route claim."""
 MIDPOINT = "midpoint of snapshot and recompute_current"
 """Arm b of the recovery claims."""
+FACTORIAL_CONTRASTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "total gap (snapshot − recompute_current)": (("snapshot",), ("recompute_current",)),
+    "mask main effect": (("snapshot", "mask_snapshot_clip_current"), ("mask_current_clip_snapshot", "recompute_current")),
+    "clip main effect": (("snapshot", "mask_current_clip_snapshot"), ("mask_snapshot_clip_current", "recompute_current")),
+    "interaction (half contrast)": (("snapshot", "recompute_current"),
+                                    ("mask_snapshot_clip_current", "mask_current_clip_snapshot")),
+}
+"""The mask × clip factorial's contrasts (docs/old_logits.md, "Mask or clip"), name → (arms a, arms
+b): the per-seed mean of a's arms minus that of b's. The mask's old log-probs come from snapshot (S)
+or the current weights (C), and so does the clip centre: snapshot = SS, mask_snapshot_clip_current
+= SC, mask_current_clip_snapshot = CS, recompute_current = CC. The two main effects add up to the
+total gap SS − CC; the interaction row is half the contrast SS − SC − CS + CC."""
+
+
+def factorial_effects(values: dict[str, np.ndarray]) -> list[dict]:
+    """Every :data:`FACTORIAL_CONTRASTS` row from ``values`` (route → per-seed scores, the seeds in
+    the same order for every route): ``contrast, difference, low, high`` (95% Student-t on the
+    seed-paired differences, :func:`fresh_rl.eval.seed_interval`)."""
+    rows = []
+    for name, (a, b) in FACTORIAL_CONTRASTS.items():
+        d = np.mean([values[r] for r in a], axis=0) - np.mean([values[r] for r in b], axis=0)
+        mean, low, high = (float(x) for x in seed_interval(d))
+        rows.append({"contrast": name, "difference": mean, "low": low, "high": high, "seeds": int(d.size)})
+    return rows
 
 
 def decide_route_claims(metric_of: Callable[[str, str], Optional[np.ndarray]], masked_fraction: float,
@@ -91,4 +115,5 @@ def decide_route_claims(metric_of: Callable[[str, str], Optional[np.ndarray]], m
     return rows
 
 
-__all__ = ["MIDPOINT", "MIN_MASKED_FRACTION", "RECOVERY_CLAIMS", "ROUTE_CLAIMS", "decide_route_claims"]
+__all__ = ["FACTORIAL_CONTRASTS", "MIDPOINT", "MIN_MASKED_FRACTION", "RECOVERY_CLAIMS", "ROUTE_CLAIMS",
+           "decide_route_claims", "factorial_effects"]
