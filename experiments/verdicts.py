@@ -36,7 +36,7 @@ CLAIMS_DIR = REPOSITORY_ROOT / "experiments" / "claims"
 INDEX = REPOSITORY_ROOT / "results" / "VERDICTS.md"
 STAMP = "Stamped at commit "
 """Start of the index's one line that names the commit of the code that wrote it."""
-STUDY_ORDER = ("vaco", "freshper_bandit", "freshper_control_tau", "freshper_llm", "freshper_control",
+STUDY_ORDER = ("vaco", "vaco_forward_lag", "freshper_bandit", "freshper_control_tau", "freshper_llm", "freshper_control",
                "old_logits_control", "old_logits_factorial", "old_logits_bpe",
                "old_logits_bpe_factorial", "old_logits_bpe_reset", "llm_rl_gain", "compose", "compose_acrobot")
 
@@ -156,6 +156,39 @@ def vaco_reader(root: Path):
 
 
 # -------------------------------------------------------------------------------- FreshPER --
+
+def vaco_forward_lag_reader(root: Path):
+    """results/vaco_forward_lag/runs.csv: one row per scoring run (task, method, knob, backward lag,
+    M, seed; mean learner return, VACO's filter masked fraction). Arm ``<method>`` is the method at
+    its tuned knob, ``vaco_delta<δ>`` VACO at δ (the δ curve); metric ``lag_drop`` is a method's
+    per-seed return at lag 0 minus at lag 16 at the cell's task and M."""
+    table: dict[tuple, dict[int, float]] = {}
+    masked: dict[tuple, list[float]] = {}
+    for r in _rows(root / "results" / "vaco_forward_lag" / "runs.csv"):
+        cell, seed, value = (r["task"], r["backward"], r["updates"]), int(r["seed"]), float(r["mean_return"])
+        if r["tuned_knob"] == "True":
+            table.setdefault((r["method"], *cell), {})[seed] = value
+            if r["method"] == "vaco":
+                masked.setdefault(cell, []).append(float(r["masked_fraction"]))
+        if r["method"] == "vaco":
+            table.setdefault((f"vaco_delta{float(r['knob']):g}", *cell), {})[seed] = value
+
+    def series(arm, claim, cell):
+        if claim["metric"] == "lag_drop":
+            lag0, lag16 = (table.get((arm, cell["task"], lag, cell["updates"])) for lag in ("0", "16"))
+            return {s: lag0[s] - lag16[s] for s in lag0 if s in lag16} if lag0 and lag16 else None
+        return _series_of(table, (arm, cell["task"], cell["backward"], cell["updates"]))
+
+    def measure(gate, cell):
+        if gate["measure"] == "ppo_clip_lag_drop_low":
+            drop = series("ppo_clip", {"metric": "lag_drop"}, cell)
+            return float(seed_interval(np.array([drop[s] for s in sorted(drop)]))[1]) if drop else math.nan
+        if gate["measure"] == "vaco_masked_fraction":
+            return float(np.mean(masked.get((cell["task"], cell["backward"], cell["updates"]), [math.nan])))
+        raise ValueError(f"vaco_forward_lag: unknown gate {gate['measure']!r}")
+
+    return series, measure
+
 
 def freshper_tau_reader(root: Path, name: str, metrics: tuple[str, ...]):
     """results/<name>/ of a τ-grid FreshPER study (``freshper_bandit``: no task column;
@@ -440,7 +473,7 @@ def compose_reader(root: Path, folder: str = "compose"):
     return series, measure
 
 
-READERS: dict[str, Callable] = {"compose": compose_reader,
+READERS: dict[str, Callable] = {"compose": compose_reader, "vaco_forward_lag": vaco_forward_lag_reader,
                                 "compose_acrobot": lambda root: compose_reader(root, "compose_acrobot"), "vaco": vaco_reader,
                                 "freshper_bandit": lambda root: freshper_tau_reader(
                                     root, "freshper_bandit", ("final_expected_reward", "mean_expected_reward")),
