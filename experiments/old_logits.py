@@ -62,7 +62,7 @@ import numpy as np
 from fresh_rl.compilation_cache import add_compilation_cache_flag
 from fresh_rl.corrections.routes import REPAIR_ROUTES
 from fresh_rl.eval import holm_over_cells, seed_interval
-from fresh_rl.eval.route_claims import FACTORIAL_CONTRASTS, decide_route_claims, factorial_effects
+from fresh_rl.eval.route_claims import FACTORIAL_ARMS, decide_route_claims, factorial_effects
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm.checkpoint import add_model_flag, load_hf_model
 from fresh_rl.llm.evaluation import evaluate_policies
@@ -216,9 +216,9 @@ def evaluation_tables(scale: Scale, out: str, warm_start: list[dict]) -> tuple[l
 
 def factorial_tables(scale: Scale, histories: dict, eval_rows: list[dict]) -> list[dict]:
     """Per W where the grid ran all four arms of the mask × clip factorial
-    (:data:`fresh_rl.eval.route_claims.FACTORIAL_CONTRASTS`): each contrast on the seeds every arm
+    (:data:`fresh_rl.eval.route_claims.FACTORIAL_ARMS`): each contrast on the seeds every arm
     finished, for the final success on each prompt set and for ρ_active (steps with a full ring)."""
-    arms = sorted({a for pair in FACTORIAL_CONTRASTS.values() for side in pair for a in side})
+    arms = FACTORIAL_ARMS
     if not set(arms) <= set(scale.grid_routes):
         return []
     rows = []

@@ -36,7 +36,7 @@ from fresh_rl.control.config import DEFAULT_MIS, TrainConfig
 from fresh_rl.control.hyperparams import HyperParams
 from fresh_rl.control.train import train
 from fresh_rl.eval import eval_mean_score
-from fresh_rl.eval.route_claims import FACTORIAL_CONTRASTS, factorial_effects
+from fresh_rl.eval.route_claims import FACTORIAL_ARMS, FACTORIAL_CONTRASTS, factorial_effects
 from fresh_rl.lag import DelayConfig
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
 from fresh_rl.report import interval, interval_text
@@ -45,9 +45,7 @@ from fresh_rl.sweep.keys import seed_keys
 from fresh_rl.sweep.study_cli import study_main
 
 RESULTS = REPOSITORY_ROOT / "results" / "old_logits_factorial"
-FACTORIAL = ("snapshot", "mask_snapshot_clip_current", "mask_current_clip_snapshot", "recompute_current")
-"""(mask source, clip source): (S, S), (S, C), (C, S), (C, C)."""
-ROUTES = FACTORIAL + ("ewma", "ewma_no_reset")
+ROUTES = FACTORIAL_ARMS + ("ewma", "ewma_no_reset")
 TARGET_RESET_RATE = 0.2  # our choice: inside the 5–50% gate, a reset every ~5 iterations
 KEEP = ("eval/return_deterministic", "eval/valid", "loss/active_token_fraction", "loss/clip_fraction",
         "old_logits/reset", "lag/version_gap_mean")
@@ -107,11 +105,11 @@ def run_cell(task: TrainConfig, setting: str, scale: Scale, out_dir: Path, seed:
     config = dataclasses.replace(task, delay=SETTINGS[setting])
     tuning_seeds = range(seed, seed + scale.tuning_seeds)
     rows = [{"arm": a, "learning_rate": lr, "threshold": 0.9, "seed": s}
-            for a in FACTORIAL + ("ewma_no_reset",) for lr in scale.learning_rates for s in tuning_seeds]
+            for a in FACTORIAL_ARMS + ("ewma_no_reset",) for lr in scale.learning_rates for s in tuning_seeds]
     tuning, t1 = stage(config, scale, rows, out_dir, "tuning")
     means = {(r["arm"], r["learning_rate"]): np.mean([q["mean_return"] for q in tuning if q["arm"] == r["arm"]
                                                       and q["learning_rate"] == r["learning_rate"]]) for r in rows}
-    lr = {a: max(scale.learning_rates, key=lambda x: means[a, x]) for a in FACTORIAL + ("ewma_no_reset",)}
+    lr = {a: max(scale.learning_rates, key=lambda x: means[a, x]) for a in FACTORIAL_ARMS + ("ewma_no_reset",)}
     lr["ewma"] = lr["ewma_no_reset"]
     rows = [{"arm": "ewma", "learning_rate": lr["ewma"], "threshold": t, "seed": s}
             for t in scale.thresholds for s in tuning_seeds]

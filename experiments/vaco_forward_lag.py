@@ -123,9 +123,8 @@ def stage(config, scale, rows, out_dir, name):
                        HyperParams.from_grid(config, grid), directory=out_dir / "runs" / label.replace(" ", "-"),
                        fingerprint=f"{name} {config!r} rows={rows}", chunk_size=scale.chunk, label=label)
     mean = eval_mean_score(out["eval/return_deterministic"], out["eval/valid"])
-    nan = np.full(len(rows), np.nan)
     return [{**r, "mean_return": float(m), "final_return": float(f),
-             **{col: float(np.mean(out[key][i])) if key in out else float(nan[i]) for col, key in
+             **{col: float(np.mean(out[key][i])) if key in out else math.nan for col, key in
                 (("backward_tv", "lag/tv"), ("forward_tv", "lag/forward_tv"), ("version_gap", "lag/version_gap_mean"),
                  ("clip_fraction", "loss/clip_fraction"), ("masked_fraction", "loss/mask_fraction"))}}
             for i, (r, m, f) in enumerate(zip(rows, mean, out["eval/return_deterministic"][:, -1]))]

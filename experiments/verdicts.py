@@ -155,8 +155,6 @@ def vaco_reader(root: Path):
     return series, measure
 
 
-# -------------------------------------------------------------------------------- FreshPER --
-
 def vaco_forward_lag_reader(root: Path):
     """results/vaco_forward_lag/runs.csv: one row per scoring run (task, method, knob, backward lag,
     M, seed; mean learner return, VACO's filter masked fraction). Arm ``<method>`` is the method at
@@ -189,6 +187,8 @@ def vaco_forward_lag_reader(root: Path):
 
     return series, measure
 
+
+# -------------------------------------------------------------------------------- FreshPER --
 
 def freshper_tau_reader(root: Path, name: str, metrics: tuple[str, ...]):
     """results/<name>/ of a τ-grid FreshPER study (``freshper_bandit``: no task column;

@@ -20,6 +20,7 @@ from fresh_rl.lag import version_ring
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm import old_logits as routes
 from fresh_rl.llm.hparams import LLMHyperParams
+from fresh_rl.llm.policy_losses import LOSSES
 from fresh_rl.llm.model import preset
 from fresh_rl.llm.presets import WARM_START
 from fresh_rl.llm.tasks import ArithmeticTask
@@ -538,7 +539,6 @@ def test_factorial_routes_feed_the_mask_and_the_clip_from_two_routes(params, dri
         np.testing.assert_allclose(batch.old_logprobs, pure[mask].old_logprobs, atol=FP32_LOGP_ATOL)
         np.testing.assert_allclose(batch.clip_logprobs, pure[clip].old_logprobs, atol=FP32_LOGP_ATOL)
     # the loss reads the centre: same mask, other clip centre → another clipped set
-    from fresh_rl.llm.policy_losses import LOSSES
     ones = jnp.asarray(pure["snapshot"].action_mask, jnp.float32)  # A = 1: every ratio above 1 + ε clips
     logp = jnp.asarray(pure["snapshot"].old_logprobs) + 0.3 * ones
     split, snapshot = (dataclasses.replace(b, advantages=ones) for b in (prepared("mask_snapshot_clip_current"),

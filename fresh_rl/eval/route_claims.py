@@ -47,17 +47,19 @@ MIN_MASKED_FRACTION = 0.05
 """Below this fraction of samples masked by recompute_current, a cell cannot test a route claim."""
 MIDPOINT = "midpoint of snapshot and recompute_current"
 """Arm b of the recovery claims."""
+FACTORIAL_ARMS: tuple[str, ...] = ("snapshot", "mask_snapshot_clip_current", "mask_current_clip_snapshot",
+                                   "recompute_current")
+"""The mask × clip factorial's four routes as (mask source, clip centre): SS, SC, CS, CC, with S =
+snapshot's old log-probs and C = the current weights' (docs/old_logits.md, "Mask or clip")."""
+_SS, _SC, _CS, _CC = FACTORIAL_ARMS
 FACTORIAL_CONTRASTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "total gap (snapshot − recompute_current)": (("snapshot",), ("recompute_current",)),
-    "mask main effect": (("snapshot", "mask_snapshot_clip_current"), ("mask_current_clip_snapshot", "recompute_current")),
-    "clip main effect": (("snapshot", "mask_current_clip_snapshot"), ("mask_snapshot_clip_current", "recompute_current")),
-    "interaction (half contrast)": (("snapshot", "recompute_current"),
-                                    ("mask_snapshot_clip_current", "mask_current_clip_snapshot")),
+    "total gap (snapshot − recompute_current)": ((_SS,), (_CC,)),
+    "mask main effect": ((_SS, _SC), (_CS, _CC)),
+    "clip main effect": ((_SS, _CS), (_SC, _CC)),
+    "interaction (half contrast)": ((_SS, _CC), (_SC, _CS)),
 }
-"""The mask × clip factorial's contrasts (docs/old_logits.md, "Mask or clip"), name → (arms a, arms
-b): the per-seed mean of a's arms minus that of b's. The mask's old log-probs come from snapshot (S)
-or the current weights (C), and so does the clip centre: snapshot = SS, mask_snapshot_clip_current
-= SC, mask_current_clip_snapshot = CS, recompute_current = CC. The two main effects add up to the
+"""The factorial's contrasts, name → (arms a, arms b): the per-seed mean of a's arms minus that of
+b's (:data:`FACTORIAL_ARMS`). The two main effects add up to the
 total gap SS − CC; the interaction row is half the contrast SS − SC − CS + CC."""
 
 
@@ -115,5 +117,5 @@ def decide_route_claims(metric_of: Callable[[str, str], Optional[np.ndarray]], m
     return rows
 
 
-__all__ = ["FACTORIAL_CONTRASTS", "MIDPOINT", "MIN_MASKED_FRACTION", "RECOVERY_CLAIMS", "ROUTE_CLAIMS",
+__all__ = ["FACTORIAL_ARMS", "FACTORIAL_CONTRASTS", "MIDPOINT", "MIN_MASKED_FRACTION", "RECOVERY_CLAIMS", "ROUTE_CLAIMS",
            "decide_route_claims", "factorial_effects"]
