@@ -13,6 +13,12 @@ vmapped program (rows: :class:`fresh_rl.llm.hparams.LLMHyperParams` with a thres
    final learner's success on the training prompts and on held-out prompts
    (:func:`fresh_rl.llm.evaluation.evaluate_policies`), and each run's reset rate and ρ_active.
 
+At the ``bpe`` scale the ``ewma_no_reset`` rows are the bpe grid's committed W = 16 runs of the same
+bed and seeds (``results/old_logits_bpe/runs``), read, not rerun: a route that does not reset is the
+same program whatever its threshold (the grid's ``ewma`` and ``ewma_no_reset`` runs agree bit for bit),
+so the only difference is the vmapped layout. The README states how closely each seed's ``ewma``
+run follows its no-reset run before its first reset, which measures that difference.
+
 Outputs (``results/old_logits_bpe_reset/``): ``calibration.csv``, ``runs.csv``, ``config.json``,
 ``README.md``; claims: experiments/claims/old_logits_bpe_reset.toml.
 
@@ -21,6 +27,7 @@ Outputs (``results/old_logits_bpe_reset/``): ``calibration.csv``, ``runs.csv``, 
 """
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import time
@@ -52,12 +59,14 @@ class Scale:
     thresholds: tuple[float, ...]
     calibration_seeds: tuple[int, ...]
     scoring_seeds: tuple[int, ...]
+    no_reset_runs: Path | None = None  # committed single-seed runs of ewma_no_reset on this bed, or run them
 
 
 SCALES = {
     # thresholds around the no-reset ρ_active quantiles of the committed W = 16 runs (5%: 0.982,
     # 20%: 0.989, 50%: 0.994); calibrated on seeds 5–6, scored on the bpe grid's seeds 0–4
-    "bpe": Scale(OLD_LOGITS_SCALES["bpe"], 16, (0.985, 0.99, 0.995), (5, 6), (0, 1, 2, 3, 4)),
+    "bpe": Scale(OLD_LOGITS_SCALES["bpe"], 16, (0.985, 0.99, 0.995), (5, 6), (0, 1, 2, 3, 4),
+                 no_reset_runs=RESULTS / "old_logits_bpe" / "runs"),
     "ci": Scale(dataclasses.replace(OLD_LOGITS_SCALES["bpe-ci"], eval_episodes=8), 1, (0.5, 0.999), (1,), (0,)),
 }
 
@@ -88,10 +97,47 @@ def run_rows(scale: Scale, bed, route: str, rows: list[tuple[float, int]], name:
             "reset_rate": np.asarray(history["ewma_reset"])[:, full].mean(1),
             "active_fraction": np.asarray(history["active_token_fraction"])[:, full].mean(1),
             "success_training": success["training"], "success_held_out": success["held_out"],
-            "seconds": np.asarray(time.perf_counter() - started)}
+            "active_history": np.asarray(history["active_token_fraction"]),
+            "reset_history": np.asarray(history["ewma_reset"]), "seconds": np.asarray(time.perf_counter() - started)}
     path.parent.mkdir(parents=True, exist_ok=True)
     np.savez(path, **data)
     return data
+
+
+def read_no_reset_rows(scale: Scale, bed) -> dict:
+    """The scoring seeds' committed ``ewma_no_reset`` runs (``<dir>/ewma_no_reset_W<W>_seed<s>.csv`` and
+    ``.eval.json``) in :func:`run_rows`' layout."""
+    names = [f"ewma_no_reset_W{scale.window}_seed{s}" for s in scale.scoring_seeds]
+    missing = [n for n in names if not (scale.no_reset_runs / f"{n}.eval.json").exists()]
+    if missing:
+        raise FileNotFoundError(f"no_reset_runs: {scale.no_reset_runs} lacks {missing}; run experiments/old_logits.py "
+                                f"--scale bpe first")
+    columns = [{r: np.array([float(row[r]) for row in csv.DictReader((scale.no_reset_runs / f"{n}.csv").read_text().splitlines())])
+                for r in ("active_token_fraction", "ewma_reset")} for n in names]
+    success = [{e["prompts"]: e["success"] for e in json.loads((scale.no_reset_runs / f"{n}.eval.json").read_text())}
+               for n in names]
+    full = slice(min(scale.window, bed.iterations - 1), None)
+    return {"threshold": np.full(len(names), bed.async_config("ewma").ewma_reset_threshold),
+            "seed": np.array(scale.scoring_seeds),
+            "reset_rate": np.array([c["ewma_reset"][full].mean() for c in columns]),
+            "active_fraction": np.array([c["active_token_fraction"][full].mean() for c in columns]),
+            "success_training": np.array([s["training"] for s in success]),
+            "success_held_out": np.array([s["held_out"] for s in success]),
+            "active_history": np.stack([c["active_token_fraction"] for c in columns]),
+            "reset_history": np.stack([c["ewma_reset"] for c in columns])}
+
+
+def agreement_before_reset(reset: dict, no_reset: dict) -> list[tuple[int, int, float]]:
+    """Per seed ``(seed, iterations before the first reset, max |Δρ_active| over them)`` between the
+    ``ewma`` run and its no-reset pair (identical programs until the first reset)."""
+    rows = []
+    for i, seed in enumerate(reset["seed"]):
+        fired = np.flatnonzero(reset["reset_history"][i] > 0)
+        shared = int(fired[0]) if fired.size else reset["reset_history"].shape[1]  # steps before the first reset
+        j = list(no_reset["seed"]).index(seed)
+        gap = np.abs(reset["active_history"][i, :shared] - no_reset["active_history"][j, :shared]).max()
+        rows.append((int(seed), shared, float(gap)))
+    return rows
 
 
 def table(route: str, data: dict) -> list[dict]:
@@ -113,9 +159,14 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
                                              "calibration", params, model_config, out))
         rate = {t: np.mean([r["reset_rate"] for r in calibration if r["threshold"] == t]) for t in scale.thresholds}
         threshold = min(scale.thresholds, key=lambda t: abs(rate[t] - TARGET_RESET_RATE))
-        runs = [r for route, t in (("ewma", threshold), ("ewma_no_reset", bed.async_config("ewma").ewma_reset_threshold))
-                for r in table(route, run_rows(scale, bed, route, [(t, s) for s in scale.scoring_seeds],
-                                               f"scoring_{route}_{t:g}", params, model_config, out))]
+        default = bed.async_config("ewma").ewma_reset_threshold
+        scored = {"ewma": run_rows(scale, bed, "ewma", [(threshold, s) for s in scale.scoring_seeds],
+                                   f"scoring_ewma_{threshold:g}", params, model_config, out),
+                  "ewma_no_reset": read_no_reset_rows(scale, bed) if scale.no_reset_runs else
+                  run_rows(scale, bed, "ewma_no_reset", [(default, s) for s in scale.scoring_seeds],
+                           f"scoring_ewma_no_reset_{default:g}", params, model_config, out)}
+        runs = [r for route, data in scored.items() for r in table(route, data)]
+        agreement = agreement_before_reset(scored["ewma"], scored["ewma_no_reset"])
         write_csv(out / "calibration.csv", calibration)
         write_csv(out / "runs.csv", runs)
         header = provenance(started=started)
@@ -135,7 +186,12 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
             f"{bed.lag_kind}, EWMA β rule `{bed.ewma_beta_rule}`). Reset rate = resets per iteration with a "
             f"full ring (step ≥ W). Calibrated on seeds {list(scale.calibration_seeds)}: "
             + ", ".join(f"threshold {t:g} → {100 * rate[t]:.0f}%" for t in scale.thresholds)
-            + f"; kept {threshold:g} (nearest {TARGET_RESET_RATE:.0%}). Scored on seeds {list(scale.scoring_seeds)}.", "",
+            + f"; kept {threshold:g} (nearest {TARGET_RESET_RATE:.0%}). Scored on seeds {list(scale.scoring_seeds)}"
+            + (f"; the no-reset rows are the committed runs in `{scale.no_reset_runs.relative_to(RESULTS.parent)}` "
+               "(same bed and seeds, one seed per program)" if scale.no_reset_runs else "") + ".", "",
+            "Before its first reset an `ewma` run is the no-reset program: per seed, the iterations shared and "
+            "the largest |Δρ_active| over them: "
+            + "; ".join(f"seed {s}: {n} iterations, {g:.1e}" for s, n, g in agreement) + ".", "",
             "| route | threshold | measured reset rate | ρ_active | training-prompt success | held-out success |",
             "|---|---|---|---|---|---|", *lines, "",
             "Verdicts: [results/VERDICTS.md](../VERDICTS.md#old_logits_bpe_reset) "
