@@ -36,7 +36,7 @@ CLAIMS_DIR = REPOSITORY_ROOT / "experiments" / "claims"
 INDEX = REPOSITORY_ROOT / "results" / "VERDICTS.md"
 STAMP = "Stamped at commit "
 """Start of the index's one line that names the commit of the code that wrote it."""
-STUDY_ORDER = ("vaco", "vaco_forward_lag", "freshper_bandit", "freshper_control_tau", "freshper_llm", "freshper_control",
+STUDY_ORDER = ("vaco", "vaco_forward_lag", "vaco_llm_forward_lag", "freshper_bandit", "freshper_control_tau", "freshper_llm", "freshper_control",
                "old_logits_control", "old_logits_factorial", "old_logits_bpe",
                "old_logits_bpe_factorial", "old_logits_bpe_reset", "llm_rl_gain", "compose", "compose_acrobot")
 
@@ -184,6 +184,36 @@ def vaco_forward_lag_reader(root: Path):
         if gate["measure"] == "vaco_masked_fraction":
             return float(np.mean(masked.get((cell["task"], cell["backward"], cell["updates"]), [math.nan])))
         raise ValueError(f"vaco_forward_lag: unknown gate {gate['measure']!r}")
+
+    return series, measure
+
+
+def vaco_llm_forward_lag_reader(root: Path):
+    """results/vaco_llm_forward_lag/runs.csv: one row per run (method, M, seed; the final learner's
+    held-out and training-prompt success, VACO's mean masked fraction). Metric ``drop_held_out`` is a
+    method's per-seed held-out success at the smallest M minus at the cell's M."""
+    table: dict[tuple, dict[int, float]] = {}
+    masked: dict[str, list[float]] = {}
+    for r in _rows(root / "results" / "vaco_llm_forward_lag" / "runs.csv"):
+        for metric in ("success_held_out", "success_training"):
+            table.setdefault((r["method"], metric, r["updates"]), {})[int(r["seed"])] = float(r[metric])
+        if r["method"] == "vaco":
+            masked.setdefault(r["updates"], []).append(float(r["masked_fraction"]))
+    smallest = str(min(int(m) for _, _, m in table))
+
+    def series(arm, claim, cell):
+        if claim["metric"] == "drop_held_out":
+            low, high = (table.get((arm, "success_held_out", m)) for m in (smallest, cell["updates"]))
+            return {s: low[s] - high[s] for s in low if s in high} if low and high else None
+        return _series_of(table, (arm, claim["metric"], cell["updates"]))
+
+    def measure(gate, cell):
+        if gate["measure"] == "vaco_masked_fraction":
+            return float(np.mean(masked.get(cell["updates"], [math.nan])))
+        if gate["measure"] == "ppo_clip_drop_low":
+            drop = series("ppo_clip", {"metric": "drop_held_out"}, cell)
+            return float(seed_interval(np.array([drop[s] for s in sorted(drop)]))[1]) if drop else math.nan
+        raise ValueError(f"vaco_llm_forward_lag: unknown gate {gate['measure']!r}")
 
     return series, measure
 
@@ -474,6 +504,7 @@ def compose_reader(root: Path, folder: str = "compose"):
 
 
 READERS: dict[str, Callable] = {"compose": compose_reader, "vaco_forward_lag": vaco_forward_lag_reader,
+                                "vaco_llm_forward_lag": vaco_llm_forward_lag_reader,
                                 "compose_acrobot": lambda root: compose_reader(root, "compose_acrobot"), "vaco": vaco_reader,
                                 "freshper_bandit": lambda root: freshper_tau_reader(
                                     root, "freshper_bandit", ("final_expected_reward", "mean_expected_reward")),
