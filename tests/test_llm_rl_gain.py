@@ -78,7 +78,9 @@ def test_second_invocation_loads_the_saved_runs(ci_study):
     assert again.count("[resume]") == 2 and "held-out success" not in again  # loaded, not rerun
     assert {p.name: p.stat().st_mtime_ns for p in (out / "runs").iterdir()} == stamps
     assert _table(again) == _table(stdout) and _records(out) == records
-    saved = json.load(open(out / "runs" / "arithmetic_lr0.0001_ep1_g2_W0_it2_seed0.json"))
+    name = run_name(RL_GAIN_SCALES["ci"], "arithmetic", 0)  # the name the script saved seed 0 under
+    assert name == "arithmetic_lr0.0001_ep1_g2_W0_it2_seed0"
+    saved = json.load(open(out / "runs" / f"{name}.json"))
     assert (saved["task"], saved["seed"], saved["fingerprint"]) == ("arithmetic", 0, records[0]["fingerprint"])
     (out / "gain.csv").unlink()
     tables_only = _run_ci(out, "--tables-only")

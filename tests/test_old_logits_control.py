@@ -12,9 +12,9 @@ import pytest
 from scipy import stats
 
 from fresh_rl.control import networks
+from fresh_rl.control import old_logits_study as study
 from fresh_rl.control.acting import log_probs, make_inference_engine, rollout
 from fresh_rl.control.config import DEFAULT_MIS, TrainConfig
-from fresh_rl.control import old_logits_study as study
 from fresh_rl.control.hyperparams import HyperParams
 from fresh_rl.control.old_log_probs import ControlRouteSources, select_route
 from fresh_rl.control.train import ROW_FIELDS, init_state, train
@@ -303,10 +303,11 @@ def test_mask_bounds_default_is_loose_for_the_engine():
 
 
 def test_experiment_runs_the_study_config_and_finds_the_committed_runs():
-    """The script's configs are this file's (decoupled_ppo, the engine, the 7 routes in the committed
-    order), and each (task, W) cell of the committed cpu scale names the folder and fingerprint
-    the committed runs were saved under (results/old_logits_control/runs), so a rerun reads them
-    instead of recomputing; the same for the cost stage's key. No training."""
+    """The study's configs (fresh_rl.control.old_logits_study, what the script runs) are this file's
+    (decoupled_ppo, the engine, the 7 routes in the committed order), and each (task, W) cell of
+    the committed cpu scale names the folder and fingerprint the committed runs were saved under
+    (results/old_logits_control/runs), so a rerun reads them instead of recomputing; the same for
+    the cost stage's key. No training."""
     assert study.ROUTES == ROUTES
     config = study.route_config(study.SCALES["ci"].tasks[0], WINDOW)
     assert (config.method, config.routes_used, config.route_used, config.inference_discrepancy) == \
@@ -393,7 +394,8 @@ def test_slow_reference_stage_differs_only_in_beta(ci_run):
     """The slow-reference EWMA (no reset) runs the centred one's seeds with a larger β: at
     iteration 0 both references are θ_0 (same ρ_active), after that they part."""
     out = ci_run
-    assert ewma_beta_from_staleness(4, study.SLOW_REFERENCE_RULE) > ewma_beta_from_staleness(4, "mean_age")
+    # the centred β at W = 4 is the mean lag's: U{0..4} has mean lag 2
+    assert ewma_beta_from_staleness(4, study.SLOW_REFERENCE_RULE) > ewma_beta_from_staleness(4, "mean_age", mean_age=2.0)
     curves = _read(out / "reset_over_time.csv")
 
     def active(rule):
