@@ -29,7 +29,7 @@ Writes to --out (default results/old_logits for cpu and paper, else results/old_
                   the warm start
   verdicts.csv    (when the grid has recompute_current and evaluates) the paper's route
                   claims per W and prompt set, seed-paired on the seeds every route finished
-                  (:func:`route_verdicts`), Holm-corrected over the windows; each claim is
+                  (:func:`fresh_rl.llm.old_logits_verdicts.route_verdicts`), Holm-corrected over the windows; each claim is
                   decided over its cells by experiments/verdicts.py (results/VERDICTS.md)
   effects.csv     (when the grid has the four arms of the mask × clip factorial) per W and
                   metric the factorial's contrasts, seed-paired (:func:`factorial_tables`)
@@ -61,11 +61,12 @@ import numpy as np
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag
 from fresh_rl.corrections.routes import REPAIR_ROUTES
-from fresh_rl.eval import holm_over_cells, seed_interval
-from fresh_rl.eval.route_claims import FACTORIAL_ARMS, decide_route_claims, factorial_effects
+from fresh_rl.eval import seed_interval
+from fresh_rl.eval.route_claims import FACTORIAL_ARMS, factorial_effects
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm.checkpoint import add_model_flag, load_hf_model
 from fresh_rl.llm.evaluation import evaluate_policies
+from fresh_rl.llm.old_logits_verdicts import full_ring, route_verdicts
 from fresh_rl.llm.presets import OLD_LOGITS_SCALES as SCALES
 from fresh_rl.llm.presets import RESULTS, OldLogitsScale, load_params, model_folder
 from fresh_rl.llm.tasks.vocab import with_vocab
@@ -127,11 +128,6 @@ def run_one(scale: Scale, route: str, window: int, partial: bool, seed: int, ite
             for i in range(iterations)]
     write_csv(os.path.join(out, "runs", name + ".csv"), rows)
     return history
-
-
-def full_ring(window: int, steps: int) -> slice:
-    """The iterations whose ring holds all W + 1 versions (step ≥ W; the last one if none)."""
-    return slice(min(window, steps - 1), steps)
 
 
 def read_run_csv(path: str) -> dict[str, np.ndarray]:
@@ -237,54 +233,6 @@ def factorial_tables(scale: Scale, histories: dict, eval_rows: list[dict]) -> li
         rows += [{"window": window, "metric": metric, **r} for metric, values in metrics.items()
                  for r in factorial_effects(values)]
     return rows
-
-
-def declared_prompts(scale: Scale) -> str:
-    """The prompt set whose success is the grid's declared reward: the training prompts with a
-    prompt pool (RL on this bed learns the prompts it trains on), else held-out prompts."""
-    return "training" if scale.rl.prompt_pool else "held_out"
-
-
-def route_verdicts(scale: Scale, histories: dict, eval_rows: list[dict]) -> list[dict]:
-    """Per window and prompt set: the paper's route claims (:mod:`fresh_rl.eval.route_claims`)
-    decided on the seeds every route of the grid has finished (paired: same keys), with the
-    learner's final success on those prompts as the reward ("return") and the run's mean
-    active-token fraction once the ring is full (step ≥ W) as "active". With a prompt pool
-    the declared reward is the training prompts' success (:func:`declared_prompts`) and the
-    held-out rows repeat the comparison on unseen prompts; each prompt set's cells are
-    Holm-corrected per claim (:func:`fresh_rl.eval.holm_over_cells`). No rows at a
-    window without recompute_current, which gates every claim."""
-    if "recompute_current" not in scale.grid_routes:
-        return []
-    prompt_sets = tuple(dict.fromkeys((declared_prompts(scale), "held_out")))
-    success = {(r["route"], r["window"], r["seed"], r["prompts"]): r["success"] for r in eval_rows
-               if "route" in r and not r["partial"]}
-    rows = []
-    for window in scale.windows:
-        runs = {route: histories.get((route, window, False), []) for route in scale.grid_routes}
-        seeds = 0
-        while all(len(runs[route]) > seeds
-                  and all((route, window, seeds, p) in success for p in prompt_sets)
-                  for route in runs):
-            seeds += 1
-        if not seeds:
-            continue
-        active = {route: np.array([h["active_token_fraction"][full_ring(window, len(h["active_token_fraction"]))].mean()
-                                   for h in histories_of[:seeds]])
-                  for route, histories_of in runs.items()}
-        masked = 1.0 - float(active["recompute_current"].mean())
-        for prompts in prompt_sets:
-
-            def metric_of(route, metric):  # used within this iteration only
-                if route not in runs:
-                    return None
-                if metric == "return":
-                    return np.array([success[(route, window, s, prompts)] for s in range(seeds)])
-                return active[route]
-            rows += [{"window": window, "prompts": prompts, "seeds": seeds,
-                      "recompute_current_masked_fraction": masked, **row}
-                     for row in decide_route_claims(metric_of, masked)]
-    return [r for p in prompt_sets for r in holm_over_cells([r for r in rows if r["prompts"] == p])]
 
 
 def time_routes_interleaved(scale: Scale, params, model_config, rounds: int) -> dict:

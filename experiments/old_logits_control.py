@@ -1,11 +1,12 @@
 """Old-logit routes in control: does the mask collapse cost reward, and which repair recovers it?
 
 The control analogue of arXiv 2605.12070, run by the control trainer
-(:func:`fresh_rl.control.train.train` with ``method="decoupled_ppo"``, :func:`route_config`): PPO
-with the decoupled loss (MIS mask on r_d = π_old/π_infer, clip on r_s = π_θ/π_old), an inference
-engine whose log-probs differ from the trainer's by a fixed mean |log r_d| (0.02,
-``inference_discrepancy``), and random staleness: every actor group acts with a version
-U{0, …, W} iterations old, redrawn every iteration. Every route of :data:`ROUTES`
+(:func:`fresh_rl.control.train.train` with ``method="decoupled_ppo"``; the study's settings,
+routes and scales are :mod:`fresh_rl.control.old_logits_study`): PPO with the decoupled loss
+(MIS mask on r_d = π_old/π_infer, clip on r_s = π_θ/π_old), an inference engine whose log-probs
+differ from the trainer's by a fixed mean |log r_d| (0.02, ``inference_discrepancy``), and
+random staleness: every actor group acts with a version U{0, …, W} iterations old, redrawn every
+iteration. Every route of ``ROUTES``
 (recompute_current, snapshot, old_logit_model, linear and log-linear proxies, EWMA with and
 without auto-reset) runs at every W and at every learning rate of the grid, on the same seeds
 (paired); the EWMA with reset also at every reset threshold.
@@ -13,11 +14,11 @@ Scores are learner evaluation episodes (deterministic), the last one and the mea
 evaluations of the run.
 
 Per (task, W): one vmapped program over every route × lr × seed (× reset threshold for
-``ewma``; the route is the traced ``HyperParams.route``, an index into :data:`ROUTES`), run by
+``ewma``; the route is the traced ``HyperParams.route``, an index into ``ROUTES``), run by
 ``fresh_rl.sweep.run_sharded`` in chunks saved as they finish (a rerun skips them, and finds the
-committed runs: :func:`config_text`). A slow-reference stage reruns the two EWMA routes with
-β = W/(W + 1) (a reference older than most of the batch, where a reset has something to fix)
-on the same program and seeds. Then a cost stage times every route on the first task at each
+committed runs: ``old_logits_study.config_text``). A slow-reference stage reruns the two EWMA
+routes with β = W/(W + 1) (a reference older than most of the batch, where a reset has something
+to fix) on the same program and seeds. Then a cost stage times every route on the first task at each
 W of the scale's ``cost_windows``, from one program per W whose route is an unbatched argument
 (a real branch: each call runs only its own route).
 
@@ -39,9 +40,7 @@ route) and ``README.md`` with the measurements.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
-import hashlib
 import json
 import time
 from pathlib import Path
@@ -50,15 +49,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fresh_rl.control.config import DEFAULT_MIS, TrainConfig
-from fresh_rl.control.data_sources import ReplaySettings
+from fresh_rl.control.config import TrainConfig
 from fresh_rl.control.hyperparams import HyperParams
+from fresh_rl.control.old_logits_study import (CLAIMS, EWMA_ROUTES, MAIN_THRESHOLD, ROUTES, SCALES, SLOW,
+                                               SLOW_REFERENCE_RULE, Scale, base_route, cell, reference_rule,
+                                               route_config, route_index, route_thresholds, task_text)
 from fresh_rl.control.train import train
-from fresh_rl.corrections import ewma_beta_from_staleness
 from fresh_rl.corrections.routes import get_route
 from fresh_rl.eval import holm_over_cells, seed_interval
-from fresh_rl.eval.route_claims import MIN_MASKED_FRACTION, ROUTE_CLAIMS, decide_route_claims
-from fresh_rl.lag import DelayConfig
+from fresh_rl.eval.route_claims import MIN_MASKED_FRACTION, decide_route_claims
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
 from fresh_rl.sweep import RunCheckpointer, output_lock, run_sharded
 from fresh_rl.sweep.keys import seed_keys
@@ -66,192 +65,15 @@ from fresh_rl.sweep.study_cli import study_main
 from fresh_rl.validation import checked_result, checkify_if_checked
 
 RESULTS = REPOSITORY_ROOT / "results" / "old_logits_control"
-MAIN_THRESHOLD = 0.9  # the EWMA reset threshold of the route comparison (the library default)
-ROUTES: tuple[str, ...] = ("recompute_current", "snapshot", "old_logit_model", "linear_proxy",
-                           "loglinear_proxy", "ewma", "ewma_no_reset")
-"""The study's routes, in the order of its committed results (``TrainConfig.routes``; the traced
-``HyperParams.route`` indexes it): the registry's repair routes
-(:data:`fresh_rl.corrections.routes.REPAIR_ROUTES`) but ``interrupt``, which in control gives
-``old_logit_model``'s numbers (both read the log-probs recorded while acting)."""
-STUDY_SETTINGS = dict(method="decoupled_ppo", data_source="lagged_actors", replay=ReplaySettings(),
-                      route="snapshot", routes=ROUTES, inference_discrepancy=0.02, max_logit_noise=1.0,
-                      decoupled_mis=DEFAULT_MIS, tis_cap=None, ewma_beta_rule="mean_age",
-                      ewma_reset_threshold=MAIN_THRESHOLD)
-"""The :class:`TrainConfig` fields every task of the study sets: the decoupled loss (MIS token mask
-exp(±0.1) on r_d, PPO clip 0.2 on r_s, no TIS weight), engine mean |log r_d| 0.02, every route
-of :data:`ROUTES` in one program (default ``snapshot``), EWMA β = W/(W + 2)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Scale:
-    tasks: tuple[TrainConfig, ...]  # the study's settings; W and the learning rate are set per grid point
-    windows: tuple[int, ...]
-    num_seeds: int
-    learning_rates: tuple[float, ...]
-    thresholds: tuple[float, ...]
-    cost_windows: tuple[int, ...]  # W at which the cost stage times every route (first task)
-    cost_iterations: int
-    slow_reference: bool = True  # run the slow-reference reset stage (SLOW_REFERENCE_RULE)
-
-
-def _task(env_name: str, num_envs: int, rollout_length: int, iterations: int, eval_every: int,
-          eval_episodes: int) -> TrainConfig:
-    return TrainConfig(env_name=env_name, num_envs=num_envs, rollout_length=rollout_length,
-                       total_env_steps=num_envs * rollout_length * iterations, num_epochs=4,
-                       num_minibatches=4, num_actor_groups=num_envs, eval_every=eval_every,
-                       eval_episodes=eval_episodes, **STUDY_SETTINGS)
-
-
-SCALES = {
-    "ci": Scale((_task("CartPole-v1", 8, 32, 20, 10, 4),), (4,), 3, (1e-3,), (0.8, 0.9), (4,), 10),
-    "quick": Scale((_task("CartPole-v1", 8, 32, 60, 10, 4),), (1, 16), 3, (1e-3,), (0.9,), (16,), 10,
-                   slow_reference=False),
-    # the quickstart's test version: two windows, the main threshold, no cost or reset stage
-    "quick-ci": Scale((_task("CartPole-v1", 8, 32, 20, 10, 4),), (1, 4), 3, (1e-3,), (0.9,), (), 10,
-                      slow_reference=False),
-    "cpu": Scale((_task("CartPole-v1", 8, 64, 250, 25, 8), _task("Acrobot-v1", 8, 64, 250, 25, 8)),
-                 (1, 4, 16, 32), 10, (3e-4, 1e-3), (0.7, 0.8, 0.9, 0.95), (1, 32), 50),
-    "paper": Scale((_task("CartPole-v1", 16, 128, 500, 25, 32), _task("Acrobot-v1", 16, 128, 500, 25, 32),
-                    _task("Breakout-MinAtar", 16, 128, 1000, 50, 32)),
-                   (1, 4, 16, 32), 30, (3e-4, 1e-3), (0.7, 0.8, 0.9, 0.95), (1, 32), 50),
-}
 KEEP = ("eval/return_deterministic", "eval/valid", "episode_return", "loss/active_token_fraction",
         "loss/clip_fraction", "loss/log_rd_abs", "old_logits/log_rd_abs_true",
         "old_logits/staleness_log_ratio_abs", "old_logits/forwards", "old_logits/reset",
         "lag/version_gap_mean")
 
 
-def route_config(task: TrainConfig, window: int, iterations=None) -> TrainConfig:
-    """The task with random staleness U{0, …, W} (ring W + 1); the route is a traced hyperparameter."""
-    steps = task.total_env_steps if iterations is None else task.batch_size * iterations
-    return dataclasses.replace(task, delay=DelayConfig.uniform(0, window, window + 1), total_env_steps=steps)
-
-
-def route_index(config: TrainConfig, route: str) -> int:
-    """The ``HyperParams.route`` value of ``route`` (its position in ``config.routes_used``)."""
-    return config.routes_used.index(route)
-
-
-# The saved runs are found by a text naming their config (the RunCheckpointer fingerprint and the
-# folder's digest; the costs' key). It is the config's text from before the unified trainer, when the
-# study ran fresh_rl.control.old_logits_train: an OldLogitTrainConfig wrapping the control TrainConfig
-# (method 'ppo_clip', its clip the clip on r_s) with the engine and decoupled-loss settings beside it.
-# The unified trainer reproduces that trainer's metrics bit for bit on these configs
-# (tests/fixtures/recorded_trainers/old_logits_control.npz), so the committed runs in
-# results/old_logits_control stay valid and are found; a setting that text cannot express is appended.
-LEGACY_TRAIN_FIELDS: tuple[str, ...] = (
-    "env_name", "brax_backend", "num_envs", "rollout_length", "total_env_steps", "num_epochs",
-    "num_minibatches", "learning_rate", "max_grad_norm", "adam_eps", "gamma", "gae_lambda", "value_coef",
-    "entropy_coef", "advantage_normalization", "passes_per_batch", "normalize_obs", "obs_clip",
-    "hidden_sizes", "activation", "init_log_std", "encoder", "conv_channels", "conv_kernel_size", "method",
-    "ppo_clip", "ppo_kl", "kl_coef", "kl_adaptive", "spo", "vaco", "vtrace_rho_bar", "vtrace_c_bar",
-    "vaco_advantage", "delay", "num_actor_groups", "eval_every", "eval_episodes")
-"""The fields of the control TrainConfig of the committed runs, in its order."""
-LEGACY_STUDY_FIELDS: dict[str, str] = {
-    "route": "route", "discrepancy": "inference_discrepancy", "max_logit_noise": "max_logit_noise",
-    "mis": "decoupled_mis", "tis_cap": "tis_cap", "ewma_beta_rule": "ewma_beta_rule",
-    "ewma_reset_threshold": "ewma_reset_threshold"}
-"""The old OldLogitTrainConfig's fields beside ``train``, in its order → today's TrainConfig field."""
-
-
-def _legacy_train_text(config: TrainConfig) -> str:
-    fields = ", ".join(f"{name}={'ppo_clip' if name == 'method' else getattr(config, name)!r}"
-                       for name in LEGACY_TRAIN_FIELDS)
-    return f"TrainConfig({fields})"
-
-
-def _unexpressed(config: TrainConfig, expressed) -> str:
-    """`` name=value`` of every field outside ``expressed`` that differs from the study's setting
-    (or the field's default); ``method`` counts as unexpressed (the old text says 'ppo_clip')."""
-    extra = [f" {f.name}={getattr(config, f.name)!r}" for f in dataclasses.fields(TrainConfig)
-             if (f.name == "method" or f.name not in expressed)
-             and getattr(config, f.name) != STUDY_SETTINGS.get(f.name, f.default)]
-    return "".join(extra)
-
-
-def config_text(config: TrainConfig) -> str:
-    """The text that names a run's config in its fingerprint (comment above)."""
-    study = ", ".join(f"{old}={getattr(config, 'route_used' if new == 'route' else new)!r}"
-                      for old, new in LEGACY_STUDY_FIELDS.items())
-    return (f"OldLogitTrainConfig(train={_legacy_train_text(config)}, {study})"
-            + _unexpressed(config, LEGACY_TRAIN_FIELDS + tuple(LEGACY_STUDY_FIELDS.values())))
-
-
-def task_text(task: TrainConfig) -> str:
-    """The text that names a task in the costs' key (the committed runs': the plain TrainConfig)."""
-    return _legacy_train_text(task) + _unexpressed(task, LEGACY_TRAIN_FIELDS)
-
-
-SLOW_REFERENCE_RULE = "window"
-"""β rule of the slow-reference reset stage: β = W/(W + 1), centre of mass W, twice the mean lag
-W/2 of U{0, …, W} (the named variant ``"window"``). The route comparison uses the default
-``"mean_age"`` (β = W/(W + 2) under U{0..W}), centred on the batch's mean version, where a
-reset to θ_k has nothing to fix;
-with the slow reference θ_ref is older than most of the batch, the case a reset is meant for."""
-EWMA_ROUTES = ("ewma", "ewma_no_reset")
-"""The EWMA routes: rerun by the slow-reference stage, listed in the reset tables."""
-SLOW = "@slow"
-"""Suffix of a route's name in the results of the slow-reference stage (``ewma@slow``)."""
-
-
-def _base_route(route: str) -> str:
-    return route.removesuffix(SLOW)
-
-
-def _reference(route: str) -> str:
-    """The EWMA β rule a result used: the route comparison's or the slow-reference stage's."""
-    return SLOW_REFERENCE_RULE if route.endswith(SLOW) else STUDY_SETTINGS["ewma_beta_rule"]
-
-
-def _thresholds(scale: Scale, route: str) -> tuple[float, ...]:
-    return scale.thresholds if _base_route(route) == "ewma" else (MAIN_THRESHOLD,)
-
-
-
-def cell_rows(scale: Scale, seed: int, routes=ROUTES) -> list[dict]:
-    """The grid of one (task, W): every route × lr × seed, the ``ewma`` route also × every
-    reset threshold (route slowest, seed fastest)."""
-    return [{"route": route, "threshold": threshold, "learning_rate": lr, "seed": s}
-            for route in routes for threshold in _thresholds(scale, route)
-            for lr in scale.learning_rates for s in range(seed, seed + scale.num_seeds)]
-
-
 def _train_kept(config, key, hp):
     out = train(config, key, hp)
     return {k: out.metrics[k] for k in KEEP}
-
-
-@dataclasses.dataclass(frozen=True)
-class Cell:
-    """One (task, W) grid: its config, rows, traced hyperparameters and where its runs are saved."""
-
-    config: TrainConfig
-    routes: tuple[str, ...]
-    rows: list
-    hparams: HyperParams
-    fingerprint: str
-    folder: Path
-
-
-def cell(scale: Scale, task: TrainConfig, window: int, out_dir: Path, seed: int,
-         slow_reference: bool = False) -> Cell:
-    """The grid of :func:`run_cell` (nothing run): its folder is ``<task>-W<W>[-slowref]-<digest>``,
-    the digest of its fingerprint (:func:`config_text`, the rows, the slow stage's β)."""
-    config = route_config(task, window)
-    routes = EWMA_ROUTES if slow_reference else ROUTES
-    rows = cell_rows(scale, seed, routes)
-    beta = ewma_beta_from_staleness(window, SLOW_REFERENCE_RULE) if slow_reference else None
-    grid = {"route": [route_index(config, r["route"]) for r in rows],
-            "ewma_reset_threshold": [r["threshold"] for r in rows],
-            "learning_rate": [r["learning_rate"] for r in rows]}
-    if beta is not None:
-        grid["ewma_beta"] = [beta] * len(rows)
-    hp = HyperParams.from_grid(config, grid)
-    fingerprint = f"{config_text(config)} rows={rows}" + (f" ewma_beta={beta!r}" if slow_reference else "")
-    digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:10]  # new settings, new folder
-    stage = "-slowref" if slow_reference else ""
-    folder = Path(out_dir) / "runs" / f"{task.env_name}-W{window}{stage}-{digest}"
-    return Cell(config, routes, rows, hp, fingerprint, folder)
 
 
 def run_cell(scale: Scale, task: TrainConfig, window: int, out_dir: Path, seed: int, log=print,
@@ -272,7 +94,7 @@ def run_cell(scale: Scale, task: TrainConfig, window: int, out_dir: Path, seed: 
     out = {k: np.asarray(v) for k, v in out.items()}
     cells, start = {}, 0
     for route in c.routes:
-        shape = (len(_thresholds(scale, route)), len(scale.learning_rates), scale.num_seeds)
+        shape = (len(route_thresholds(scale, route)), len(scale.learning_rates), scale.num_seeds)
         size = int(np.prod(shape))
         cells[route] = {k: v[start:start + size].reshape(*shape, *v.shape[1:]) for k, v in out.items()}
         start += size
@@ -338,7 +160,7 @@ def summarize(scale: Scale, results: dict, costs: list[dict], out_dir: Path, hea
     run_rows, summary_rows, curve_rows, reset_rows, verdict_rows = [], [], [], [], []
     for (env, window, route), data in results.items():
         final, mean = scores(data)
-        for t, threshold in enumerate(_thresholds(scale, route)):
+        for t, threshold in enumerate(route_thresholds(scale, route)):
             for l, lr in enumerate(scale.learning_rates):
                 d = {k: v[t, l] for k, v in data.items()}
                 for s in range(scale.num_seeds):
@@ -361,9 +183,9 @@ def summarize(scale: Scale, results: dict, costs: list[dict], out_dir: Path, hea
                     active = d["loss/active_token_fraction"].mean(0)
                     curve_rows += [{"task": env, "window": window, "route": route, "iteration": i,
                                     "active_fraction": float(a)} for i, a in enumerate(active)]
-                if _base_route(route) in EWMA_ROUTES:
-                    reset_rows.append({"task": env, "window": window, "ewma_beta_rule": _reference(route),
-                                       "threshold": threshold if _base_route(route) == "ewma" else "none",
+                if base_route(route) in EWMA_ROUTES:
+                    reset_rows.append({"task": env, "window": window, "ewma_beta_rule": reference_rule(route),
+                                       "threshold": threshold if base_route(route) == "ewma" else "none",
                                        "learning_rate": lr, "resets_per_run": summary_rows[-1]["resets_per_run"],
                                        "active_fraction": summary_rows[-1]["active_fraction"],
                                        "active_fraction_min": float(d["loss/active_token_fraction"].mean(0).min()),
@@ -381,19 +203,8 @@ def summarize(scale: Scale, results: dict, costs: list[dict], out_dir: Path, hea
 
 
 def _pick(data: dict, scale: Scale, route: str, lr_index: int, threshold=MAIN_THRESHOLD) -> np.ndarray:
-    t = _thresholds(scale, route).index(threshold)
+    t = route_thresholds(scale, route).index(threshold)
     return {k: v[t, lr_index] for k, v in data.items()}
-
-
-CLAIMS = ROUTE_CLAIMS + (
-    # the slow-reference stage's claims (this study's own): β = W/(W + 1) with and without reset
-    ("slow reference β = W/(W + 1): reset restores coverage", "ewma" + SLOW, "ewma_no_reset" + SLOW, True, "active"),
-    ("slow reference β = W/(W + 1): reset helps reward", "ewma" + SLOW, "ewma_no_reset" + SLOW, True, "return"),
-    ("centred β = W/(W + 2) beats the slow β = W/(W + 1) (no reset)", "ewma_no_reset", "ewma_no_reset" + SLOW,
-     True, "return"),
-)
-"""The paper's route claims (:data:`fresh_rl.eval.route_claims.ROUTE_CLAIMS`; metric "return" =
-the mean learner return over the run's evaluations) and the slow-reference stage's."""
 
 
 def _metric(data: dict, metric: str) -> np.ndarray:
@@ -422,14 +233,14 @@ def reset_curves(scale: Scale, results: dict) -> list[dict]:
     ``ewma_no_reset``: ρ_active and the cumulative reset count (the reset over time)."""
     rows = []
     for (env, window, route), data in results.items():
-        if _base_route(route) not in EWMA_ROUTES:
+        if base_route(route) not in EWMA_ROUTES:
             continue
-        for t, threshold in enumerate(_thresholds(scale, route)):
+        for t, threshold in enumerate(route_thresholds(scale, route)):
             for l, lr in enumerate(scale.learning_rates):
                 active = data["loss/active_token_fraction"][t, l].mean(0)
                 resets = np.cumsum(data["old_logits/reset"][t, l], axis=-1).mean(0)
-                label = threshold if _base_route(route) == "ewma" else "none"
-                rows += [{"task": env, "window": window, "ewma_beta_rule": _reference(route),
+                label = threshold if base_route(route) == "ewma" else "none"
+                rows += [{"task": env, "window": window, "ewma_beta_rule": reference_rule(route),
                           "learning_rate": lr, "threshold": label,
                           "iteration": i, "active_fraction": float(a), "cumulative_resets": float(c)}
                          for i, (a, c) in enumerate(zip(active, resets))]

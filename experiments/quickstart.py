@@ -389,7 +389,7 @@ def render_readme(out: Path) -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=OUT, help="output folder (default: %(default)s)")
     parser.add_argument("--scale", choices=("quick", "ci"), default="quick")
     parser.add_argument("--seed", type=int, default=0, help="first seed of each part")
     parser.add_argument("--only", choices=tuple(PARTS), action="append",

@@ -69,25 +69,6 @@ NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
 
 
 @pytest.fixture(scope="session")
-def load_experiment():
-    """``load_experiment(stem)`` imports ``experiments/<stem>.py`` as module ``stem`` (registered
-    in ``sys.modules``: dataclasses look their module up there), once per session."""
-    import importlib.util
-    import sys
-
-    def load(stem):
-        if stem not in sys.modules:
-            path = Path(__file__).resolve().parents[1] / "experiments" / f"{stem}.py"
-            spec = importlib.util.spec_from_file_location(stem, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[stem] = module
-            spec.loader.exec_module(module)
-        return sys.modules[stem]
-
-    return load
-
-
-@pytest.fixture(scope="session")
 def run_study():
     """``run_study(stem, scale, out)`` runs ``experiments/<stem>.py --scale <scale> --out <out>``
     as a user does (a subprocess from the repository root; ``--allow-dirty``: the tests run on

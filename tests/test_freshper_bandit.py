@@ -1,6 +1,7 @@
 """The exact stale-buffer test bed (fresh_rl.tabular_bandit) and its experiment."""
 import csv
 import itertools
+import json
 import math
 
 import jax
@@ -197,23 +198,23 @@ def test_zero_gradient_replay_step(replay_optimizer, moves):
 
 
 @pytest.fixture(scope="module")
-def ci_run(tmp_path_factory, load_experiment):
+def ci_run(tmp_path_factory, run_study):
+    """``python experiments/freshper_bandit.py --scale ci``: its folder and its ``config.json``
+    (the scale's bed, learning rates, seeds and arms)."""
     out = tmp_path_factory.mktemp("freshper_bandit")
-    module = load_experiment("freshper_bandit")
-    module.run("ci", out, log=lambda *_: None)
-    return module, out
+    run_study("freshper_bandit", "ci", out)
+    return out, json.loads((out / "config.json").read_text())
 
 
 def test_ci_scale_writes_its_files(ci_run):
-    module, out = ci_run
+    out, config = ci_run
     for name in ("README.md", "runs.csv", "tuning.csv", "ess_vs_age.csv", "sampled_age.csv",
                  "score_vs_tau.csv", "ess_vs_age.png", "score_vs_tau.png", "config.json"):
         assert (out / name).stat().st_size > 0, name
     readme = (out / "README.md").read_text()
     assert "Made by" in readme and "## Verdicts" in readme
     rows = list(csv.DictReader(open(out / "runs.csv")))
-    scale = module.SCALES["ci"]
-    assert len(rows) == len(module.arms(scale)) * scale.scoring_seeds
+    assert len(rows) == len(config["arms"]) * config["scoring_seeds"]
     # a mean of products of probabilities ≤ 1 divided by T: monotone float rounding keeps it in [0, 1]
     assert all(0.0 <= float(r["final_expected_reward"]) <= 1.0 for r in rows)
     # per-step ESS ≥ trajectory ESS at every age: 1/Π_t m_t ≤ mean_t 1/m_t for m_t = E[w_t²] ≥ 1
@@ -227,38 +228,37 @@ def test_ci_scale_writes_its_files(ci_run):
 def test_tuning_seeds_are_not_scoring_seeds(ci_run):
     """Each arm's learning rate is the best seed-mean J of the tuning seeds; the scoring runs use
     it, on seeds disjoint from the tuning ones."""
-    module, out = ci_run
-    scale = module.SCALES["ci"]
+    out, config = ci_run
     tuning = list(csv.DictReader(open(out / "tuning.csv")))
     runs = list(csv.DictReader(open(out / "runs.csv")))
-    assert {int(r["seed"]) for r in runs} == set(range(scale.tuning_seeds,
-                                                       scale.tuning_seeds + scale.scoring_seeds))
-    assert all(int(r["tuning_seeds"]) == scale.tuning_seeds for r in tuning)
-    for arm in module.arms(scale):
+    tuning_seeds, scoring_seeds = config["tuning_seeds"], config["scoring_seeds"]
+    assert {int(r["seed"]) for r in runs} == set(range(tuning_seeds, tuning_seeds + scoring_seeds))
+    assert all(int(r["tuning_seeds"]) == tuning_seeds for r in tuning)
+    for arm in config["arms"]:
         rows = [r for r in tuning if r["arm"] == arm]
-        assert len(rows) == len(scale.learning_rates)
+        assert len(rows) == len(config["learning_rates"])
         best = max(rows, key=lambda r: float(r["mean_expected_reward"]))
         assert [r["picked"] for r in rows].count("True") == 1 and best["picked"] == "True"
         assert {r["learning_rate"] for r in runs if r["arm"] == arm} == {best["learning_rate"]}
 
 
 @pytest.mark.slow
-def test_ci_scale_rerun_skips_saved_chunks(ci_run):
+def test_ci_scale_rerun_skips_saved_chunks(ci_run, run_study):
     """Every chunk is saved: a rerun restores them (no training) and writes the same table."""
-    module, out = ci_run
+    out, _ = ci_run
     before = (out / "runs.csv").read_text()
-    module.run("ci", out, log=lambda *_: None)
+    run_study("freshper_bandit", "ci", out)
     assert (out / "runs.csv").read_text() == before
 
 
 def test_epoch_method_makes_exactly_k_plus_one_updates_per_batch(ci_run):
     """Counted by the bed and by Adam's own step counter of the shared state."""
-    module, out = ci_run
-    bed = module.SCALES["ci"].bed
+    out, config = ci_run
+    bed = config["bed"]
     rows = list(csv.DictReader(open(out / "runs.csv")))
     per_method = {m: [r for r in rows if r["method"] == m] for m in ("onpolicy", "onpolicy_epochs")}
     for r in per_method["onpolicy_epochs"]:
         assert int(r["num_updates"]) == int(r["adam_count"]) == (
-            bed.num_iterations * (bed.extra_updates + 1))
+            bed["num_iterations"] * (bed["extra_updates"] + 1))
     for r in per_method["onpolicy"]:
-        assert int(r["num_updates"]) == int(r["adam_count"]) == bed.num_iterations
+        assert int(r["num_updates"]) == int(r["adam_count"]) == bed["num_iterations"]

@@ -17,6 +17,8 @@ from fresh_rl.control import networks
 from fresh_rl.control.acting import batch_start
 from fresh_rl.control.config import TrainConfig
 from fresh_rl.control.data_sources import ReplaySettings
+from fresh_rl.control.freshper_study import (BATCH_NORMALIZED, SCALES, SHORT_TAUS, check_study_config, config_fingerprint,
+                                             variant_name, variants)
 from fresh_rl.control.hyperparams import replay_grid
 from fresh_rl.control.losses import frozen_advantages, replayed_advantages, sequences
 from fresh_rl.control.train import init_state, train
@@ -55,13 +57,12 @@ def test_bad_replay_settings_name_the_field(fields, message):
     ({"data_source": "replay_per"}, "data_source"),
     ({"replay": ReplaySettings(buffer_iterations=4)}, "drift_every"),
 ])
-def test_study_config_refuses_other_trainer_settings(load_experiment, fields, message):
+def test_study_config_refuses_other_trainer_settings(fields, message):
     """The study runs one full-batch PPO-clip step per iteration at lag 0 on the replay_freshper
     source with drift snapshots; other settings are refused, naming the field."""
-    module = load_experiment("freshper_control")
-    module.check_study_config(TINY)
+    check_study_config(TINY)
     with pytest.raises(ValueError, match=message):
-        module.check_study_config(dataclasses.replace(TINY, **fields))
+        check_study_config(dataclasses.replace(TINY, **fields))
 
 
 def test_replay_targets_equal_gae_at_zero_staleness():
@@ -203,33 +204,31 @@ def test_zero_gradient_replay_step_with_the_control_optimizer(replay_optimizer, 
 # ------------------------------------------------------------------------- the experiment
 
 
-def test_committed_runs_keep_their_fingerprint(load_experiment):
+def test_committed_runs_keep_their_fingerprint():
     """The saved runs of results/freshper_control (written by the former replay trainer) are
     found and accepted by the ported script: the "cpu" scale's pilot fingerprints name the
     committed folders and equal the fingerprints saved in their checkpoints (no JAX run)."""
-    module = load_experiment("freshper_control")
-    scale = module.SCALES["cpu"]
+    scale = SCALES["cpu"]
     runs = REPOSITORY_ROOT / "results" / "freshper_control" / "runs"
     if not runs.is_dir():
         pytest.skip("results/freshper_control/runs is not in this checkout")
     seed = json.loads((runs.parent / "config.json").read_text())["seed"]
     for config in scale.configs:
-        fingerprint = (f"pilot {module.config_fingerprint(config)} seeds={scale.num_seeds}@{seed} "
+        fingerprint = (f"pilot {config_fingerprint(config)} seeds={scale.num_seeds}@{seed} "
                        f"lrs={scale.learning_rates}")
         folder = runs / f"{config.env_name}-pilot-{hashlib.sha256(fingerprint.encode()).hexdigest()[:10]}"
         metas = sorted(folder.glob("*/meta/metadata"))
         assert metas, folder
         assert all(json.loads(m.read_text())["fingerprint"] == fingerprint for m in metas)
     other = dataclasses.replace(scale.configs[0], max_logit_noise=2.0)  # a field the old runs lacked
-    assert module.config_fingerprint(other) == repr(other)
+    assert config_fingerprint(other) == repr(other)
 
 
 @pytest.fixture(scope="module")
-def ci_run(tmp_path_factory, load_experiment):
+def ci_run(tmp_path_factory, run_study):
     out = tmp_path_factory.mktemp("freshper_control")
-    module = load_experiment("freshper_control")
-    module.run("ci", out, log=lambda *_: None)
-    return module, out
+    run_study("freshper_control", "ci", out)
+    return out
 
 
 def _rows(path):
@@ -241,24 +240,24 @@ def _rows(path):
 # programs); the bed's equalities (τ = ∞ is PER, drift by age, update counts) stay in the default run
 @pytest.mark.slow
 def test_ci_scale_writes_its_files(ci_run):
-    module, out = ci_run
+    out = ci_run
     for name in ("README.md", "config.json", "runs.csv", "final.csv", "ess_vs_age.csv",
                  "sampled_age.csv", "score_vs_tau.csv", "verdicts.csv", "is_normalization.csv", "drift_by_method.csv",
                  "short_tau.csv",
                  "score_vs_tau.png"):
         assert (out / name).stat().st_size > 0, name
     runs = _rows(out / "runs.csv")
-    scale = module.SCALES["ci"]
-    assert len(runs) == len(module.variants()) * len(scale.learning_rates) * scale.num_seeds
+    scale = SCALES["ci"]
+    assert len(runs) == len(variants()) * len(scale.learning_rates) * scale.num_seeds
     verdicts = _rows(out / "verdicts.csv")
     assert {r["verdict"] for r in verdicts} <= {"reproduced", "refuted", "undecided"}
     assert all(float(r["p_holm"]) >= float(r["p_value"]) for r in verdicts)  # Holm-corrected per claim
     assert all(math.isfinite(float(r["final_return"])) for r in runs)
     norm = _rows(out / "is_normalization.csv")
-    assert len(norm) == len(module.BATCH_NORMALIZED) * len(scale.learning_rates)
-    assert len(_rows(out / "short_tau.csv")) == len(module.SHORT_TAUS) * len(scale.learning_rates)
+    assert len(norm) == len(BATCH_NORMALIZED) * len(scale.learning_rates)
+    assert len(_rows(out / "short_tau.csv")) == len(SHORT_TAUS) * len(scale.learning_rates)
     short_runs = _rows(out / "short_tau_runs.csv")  # the per-seed data experiments/verdicts.py reads
-    assert len(short_runs) == len(module.SHORT_TAUS) * len(scale.learning_rates) * scale.num_seeds
+    assert len(short_runs) == len(SHORT_TAUS) * len(scale.learning_rates) * scale.num_seeds
     ess = [float(r["ess_fraction"]) for r in _rows(out / "ess_vs_age.csv")]
     # (Σr)²/(nΣr²) ≤ 1 exactly; float32 sums of n = 64 terms add ≲ 3n·u ≈ 1.2e-5 (the old 1e-6 was
     # below even the typical 3√n·u): 1 + 2e-5
@@ -271,8 +270,8 @@ def test_matched_updates_and_optimizer_state_counts(ci_run):
     """1 + K epochs and every replay method make exactly K + 1 optimizer updates per batch,
     on-policy makes 1; the shared Adam state counts them all, except under a separate replay
     state or SGD, where it counts the fresh updates only."""
-    module, out = ci_run
-    config = module.SCALES["ci"].configs[0]
+    out = ci_run
+    config = SCALES["ci"].configs[0]
     iterations, k = config.num_iterations, config.replay.extra_updates
     for r in _rows(out / "runs.csv"):
         method, _, optimizer = r["variant"].partition("@")
@@ -281,14 +280,14 @@ def test_matched_updates_and_optimizer_state_counts(ci_run):
         shared_counts = iterations if optimizer or method == "onpolicy" else updates
         assert int(r["adam_count"]) == shared_counts, r
     replayed = {r["variant"] for r in _rows(out / "sampled_age.csv")}
-    assert replayed == {module.variant_name(m, o) for m, o in module.variants()
+    assert replayed == {variant_name(m, o) for m, o in variants()
                         if REPLAY_METHODS[m].extra == "replay"}
 
 
 # needs the ci study above
 @pytest.mark.slow
-def test_ci_scale_rerun_skips_saved_chunks(ci_run):
-    module, out = ci_run
+def test_ci_scale_rerun_skips_saved_chunks(ci_run, run_study):
+    out = ci_run
     before = (out / "runs.csv").read_text()
-    module.run("ci", out, log=lambda *_: None)
+    run_study("freshper_control", "ci", out)
     assert (out / "runs.csv").read_text() == before

@@ -22,7 +22,8 @@ from fresh_rl.llm import old_logits as routes
 from fresh_rl.llm.hparams import LLMHyperParams
 from fresh_rl.llm.policy_losses import LOSSES
 from fresh_rl.llm.model import preset
-from fresh_rl.llm.presets import WARM_START
+from fresh_rl.llm.old_logits_verdicts import declared_prompts, route_verdicts
+from fresh_rl.llm.presets import OLD_LOGITS_SCALES, WARM_START
 from fresh_rl.llm.tasks import ArithmeticTask
 from fresh_rl.llm.trainer import RLConfig, current_learning_rate
 from fresh_rl.llm.trainer import train_loop as sync_train_loop
@@ -432,25 +433,33 @@ def test_ci_experiment_improves_arithmetic_reward_over_the_warm_start(ci_run):
 # experiments/old_logits.py end to end at bpe-ci; its route verdicts are tested on fixed rows in
 # the default run (test_route_claims), the pipeline's routes by the tests above
 @pytest.mark.slow
-def test_bpe_ci_experiment_random_staleness_and_saved_evaluations(load_experiment, tmp_path, capsys):
+def test_bpe_ci_experiment_random_staleness_and_saved_evaluations(tmp_path):
     """The BPE confirmation's test version (stand-in model folder named by the scale itself,
     random staleness U{0..W}, W ∈ {1, 4}, a fixed training pool as the study's): each run's
     evaluation (training pool and held-out) is written with it; a chunk (--max-runs 1) makes the
     largest W's run, --resume the rest, and --resume --max-runs 0 rebuilds eval.csv /
     eval_summary.csv from the saved runs alone."""
     out = str(tmp_path / "bpe_ci")
-    experiment = load_experiment("old_logits")  # in process: the compiled programs are shared
+
+    def experiment(*flags):
+        return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", "old_logits.py"),
+                               "--scale", "bpe-ci", "--out", out, *flags],
+                              capture_output=True, text=True, cwd=ROOT, timeout=900)
+
+    def finished(*flags):
+        done = experiment(*flags)
+        assert done.returncode == 0, done.stderr[-3000:]
     for bad in (["--max-runs", "-1"], ["--max-runs", "0"]):  # 0 summarises, so only with --resume
-        with pytest.raises(SystemExit):
-            experiment.main(["--scale", "bpe-ci", "--out", out, *bad])
-        assert "--max-runs must be >= 1 (or 0 with --resume: only the tables)" in capsys.readouterr().err
+        refused = experiment(*bad)
+        assert refused.returncode == 2
+        assert "--max-runs must be >= 1 (or 0 with --resume: only the tables)" in refused.stderr
     assert not os.path.exists(out)
     # one chunk of --max-runs: one run, the largest window first
-    experiment.main(["--scale", "bpe-ci", "--out", out, "--max-runs", "1"])
+    finished("--max-runs", "1")
     assert sorted(os.listdir(os.path.join(out, "runs"))) == ["ewma_W4_seed0.csv",
                                                             "ewma_W4_seed0.eval.json"]
     assert [r["window"] for r in _read_csv(os.path.join(out, "summary.csv"))] == ["4"]
-    experiment.main(["--scale", "bpe-ci", "--out", out, "--resume"])
+    finished("--resume")
     assert [r["window"] for r in _read_csv(os.path.join(out, "summary.csv"))] == ["1", "4"]
     # the lag L ~ U{0..w}, clipped to the versions the ring holds at step i (≤ i): never above
     # min(w, i), and (unlike the fixed lag, always min(w, i)) below it at some step
@@ -460,7 +469,7 @@ def test_bpe_ci_experiment_random_staleness_and_saved_evaluations(load_experimen
     for w in ("1", "4"):
         assert os.path.exists(os.path.join(out, "runs", f"ewma_W{w}_seed0.eval.json"))
     os.remove(os.path.join(out, "eval.csv"))
-    experiment.main(["--scale", "bpe-ci", "--out", out, "--resume", "--max-runs", "0"])
+    finished("--resume", "--max-runs", "0")
     rows = _read_csv(os.path.join(out, "eval.csv"))
     policies = ["warm_start", "ewma_W1_seed0", "ewma_W4_seed0"]
     assert sorted((r["prompts"], r["policy"]) for r in rows) == sorted(
@@ -473,13 +482,12 @@ def test_bpe_ci_experiment_random_staleness_and_saved_evaluations(load_experimen
         assert float(r["gain"]) == pytest.approx(float(r["success"]) - float(r["warm_start"]))
 
 
-def test_route_verdicts_pair_the_seeds_every_route_finished(load_experiment):
+def test_route_verdicts_pair_the_seeds_every_route_finished():
     """The bpe grid's claims per W and prompt set: on the seeds all its routes finished and
     scored on both sets (here 2, not snapshot's 3), reward from the learner's success on that
     set (training: the declared one), mask from the steps with a full ring; no rows at a W
     whose grid has not started."""
-    experiment = load_experiment("old_logits")
-    scale = dataclasses.replace(experiment.SCALES["bpe"], windows=(1, 4),
+    scale = dataclasses.replace(OLD_LOGITS_SCALES["bpe"], windows=(1, 4),
                                 grid_routes=("recompute_current", "snapshot", "linear_proxy"))
     steps = 8
 
@@ -493,8 +501,8 @@ def test_route_verdicts_pair_the_seeds_every_route_finished(load_experiment):
                    "success": value if prompts == "training" else 0.0}
                   for route, values in success.items() for seed, value in enumerate(values)
                   for prompts in ("training", "held_out")]
-    rows = experiment.route_verdicts(scale, histories, eval_rows)  # float64 means: approx's 1e-6
-    assert experiment.declared_prompts(scale) == "training"
+    rows = route_verdicts(scale, histories, eval_rows)  # float64 means: approx's 1e-6
+    assert declared_prompts(scale) == "training"
     assert {(r["window"], r["prompts"], r["seeds"]) for r in rows} == {(4, "training", 2),
                                                                        (4, "held_out", 2)}
     assert all(r["recompute_current_masked_fraction"] == pytest.approx(0.25) for r in rows)
@@ -508,7 +516,7 @@ def test_route_verdicts_pair_the_seeds_every_route_finished(load_experiment):
     assert (active["a"], active["b"]) == ("linear_proxy", "snapshot")
     assert active["mean_a"] == pytest.approx(0.9) and active["mean_b"] == pytest.approx(1.0)
     # a seed scored on one prompt set only is not paired yet
-    rows = experiment.route_verdicts(scale, histories, [r for r in eval_rows if not (
+    rows = route_verdicts(scale, histories, [r for r in eval_rows if not (
         r.get("seed") == 1 and r.get("route") == "linear_proxy" and r["prompts"] == "held_out")])
     assert {r["seeds"] for r in rows} == {1}
 

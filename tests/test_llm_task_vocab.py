@@ -7,6 +7,8 @@ import dataclasses
 import json
 import os
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -178,14 +180,18 @@ def test_load_hf_model_and_with_vocab():
 
 
 @pytest.mark.slow
-def test_rl_probe_runs_on_the_standin(load_experiment, tmp_path):
+def test_rl_probe_runs_on_the_standin(tmp_path, csv_rows):
     """experiments/llm_rl_probe.py --model at its smallest scale (~75 s on 2 loaded cores)."""
     out = tmp_path / "probe.csv"
-    row = load_experiment("llm_rl_probe").main([
-        "--model", STANDIN, "--lr", "1e-4", "--iterations", "2", "--num-groups", "2",
-        "--eval-episodes", "16", "--out", str(out)])
-    assert row["checkpoint"] == STANDIN and out.exists()
-    assert 0.0 <= row["heldout_success_after"] <= 1.0
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, os.path.join(root, "experiments", "llm_rl_probe.py"),
+                           "--model", STANDIN, "--lr", "1e-4", "--iterations", "2", "--num-groups", "2",
+                           "--eval-episodes", "16", "--out", str(out)],
+                          capture_output=True, text=True, cwd=root, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = csv_rows(out)
+    assert row["checkpoint"] == STANDIN
+    assert 0.0 <= float(row["heldout_success_after"]) <= 1.0
 
 
 def test_standin_model_plays_episodes_end_to_end():

@@ -12,6 +12,7 @@ import pytest
 from scipy import stats
 
 from fresh_rl.control import networks
+from fresh_rl.control import old_logits_study as study
 from fresh_rl.control.acting import log_probs, make_inference_engine, rollout
 from fresh_rl.control.config import DEFAULT_MIS, TrainConfig
 from fresh_rl.control.hyperparams import HyperParams
@@ -301,46 +302,45 @@ def test_mask_bounds_default_is_loose_for_the_engine():
 # --------------------------------------------------------------------------- the experiment
 
 
-def test_experiment_runs_the_study_config_and_finds_the_committed_runs(load_experiment):
-    """The script's configs are this file's (decoupled_ppo, the engine, the 7 routes in the committed
-    order), and each (task, W) cell of the committed cpu scale names the folder and fingerprint
-    the committed runs were saved under (results/old_logits_control/runs), so a rerun reads them
-    instead of recomputing; the same for the cost stage's key. No training."""
-    module = load_experiment("old_logits_control")
-    assert module.ROUTES == ROUTES
-    config = module.route_config(module.SCALES["ci"].tasks[0], WINDOW)
+def test_experiment_runs_the_study_config_and_finds_the_committed_runs():
+    """The study's configs (fresh_rl.control.old_logits_study, what the script runs) are this file's
+    (decoupled_ppo, the engine, the 7 routes in the committed order), and each (task, W) cell of
+    the committed cpu scale names the folder and fingerprint the committed runs were saved under
+    (results/old_logits_control/runs), so a rerun reads them instead of recomputing; the same for
+    the cost stage's key. No training."""
+    assert study.ROUTES == ROUTES
+    config = study.route_config(study.SCALES["ci"].tasks[0], WINDOW)
     assert (config.method, config.routes_used, config.route_used, config.inference_discrepancy) == \
         ("decoupled_ppo", ROUTES, "snapshot", 0.02)
     assert (config.delay, config.num_actor_groups) == (TINY.delay, config.num_envs)
     saved = REPOSITORY_ROOT / "results" / "old_logits_control"
     if not (saved / "runs").is_dir():
         pytest.skip("no committed results/old_logits_control/runs in this checkout")
-    scale = module.SCALES[json.loads((saved / "config.json").read_text())["scale"]]
+    scale = study.SCALES[json.loads((saved / "config.json").read_text())["scale"]]
     folders = set()
     for task in scale.tasks:
         for window in scale.windows:
             for slow in (False, True):
-                cell = module.cell(scale, task, window, saved, 0, slow_reference=slow)
+                cell = study.cell(scale, task, window, saved, 0, slow_reference=slow)
                 steps = sorted(int(p.name) for p in cell.folder.iterdir() if p.name.isdigit())
                 meta = json.loads((cell.folder / str(steps[-1]) / "meta" / "metadata").read_text())
                 assert meta["fingerprint"] == cell.fingerprint, cell.folder.name
                 folders.add(cell.folder.name)
     assert folders == {p.name for p in (saved / "runs").iterdir() if p.is_dir()}
     task = scale.tasks[0]
-    key = f"{module.task_text(task)} {list(scale.cost_windows)} {scale.num_seeds} {scale.cost_iterations}"
+    key = f"{study.task_text(task)} {list(scale.cost_windows)} {scale.num_seeds} {scale.cost_iterations}"
     assert json.loads((saved / "costs.json").read_text())["key"] == key
     # a setting the committed runs' text cannot express still changes the fingerprint
-    other = module.cell(scale, dataclasses.replace(task, tis_cap=2.0), scale.windows[0], saved, 0)
-    assert other.fingerprint != module.cell(scale, task, scale.windows[0], saved, 0).fingerprint
-    assert module.config_text(dataclasses.replace(task, routes=ROUTES + ("interrupt",))) != module.config_text(task)
+    other = study.cell(scale, dataclasses.replace(task, tis_cap=2.0), scale.windows[0], saved, 0)
+    assert other.fingerprint != study.cell(scale, task, scale.windows[0], saved, 0).fingerprint
+    assert study.config_text(dataclasses.replace(task, routes=ROUTES + ("interrupt",))) != study.config_text(task)
 
 
 @pytest.fixture(scope="module")
-def ci_run(tmp_path_factory, load_experiment):
-    module = load_experiment("old_logits_control")
+def ci_run(tmp_path_factory, run_study):
     out = tmp_path_factory.mktemp("old_logits_control")
-    module.run("ci", out, log=lambda *_: None)
-    return module, out
+    run_study("old_logits_control", "ci", out)
+    return out
 
 
 def _read(path):
@@ -352,17 +352,17 @@ def _read(path):
 # the script's quick-ci scale (the quickstart runs it) and the trainer's route equalities above
 @pytest.mark.slow
 def test_experiment_writes_every_route_verdict_and_cost(ci_run):
-    module, out = ci_run
-    scale = module.SCALES["ci"]
+    out = ci_run
+    scale = study.SCALES["ci"]
     summary = _read(out / "summary.csv")
-    slow = {r + module.SLOW for r in module.EWMA_ROUTES}
-    assert {r["route"] for r in summary} == set(module.ROUTES) | slow
-    per_route_set = len(module.ROUTES) - 1 + len(scale.thresholds)
+    slow = {r + study.SLOW for r in study.EWMA_ROUTES}
+    assert {r["route"] for r in summary} == set(study.ROUTES) | slow
+    per_route_set = len(study.ROUTES) - 1 + len(scale.thresholds)
     assert len(summary) == (per_route_set + len(scale.thresholds) + 1) * len(scale.windows)
     runs = _read(out / "runs.csv")
     assert len(runs) == len(summary) * scale.num_seeds * len(scale.learning_rates)
     verdicts = _read(out / "verdicts.csv")
-    claims_per_cell = len(module.CLAIMS) + len(RECOVERY_CLAIMS)
+    claims_per_cell = len(study.CLAIMS) + len(RECOVERY_CLAIMS)
     assert len(verdicts) == claims_per_cell * len(scale.windows) * len(scale.learning_rates)
     assert {v["verdict"] for v in verdicts} <= set(VERDICTS)
     for v in verdicts:  # a testable cell carries its Holm-adjusted p (≥ its own p); a gated one why
@@ -370,16 +370,16 @@ def test_experiment_writes_every_route_verdict_and_cost(ci_run):
             (v["verdict"] == "not testable here" and v["gate"])
     assert not (out / "claims.csv").exists()  # a claim over cells is decided by experiments/verdicts.py
     costs = _read(out / "costs.csv")
-    assert {c["route"] for c in costs} == set(module.ROUTES)
+    assert {c["route"] for c in costs} == set(study.ROUTES)
     assert all(float(c["ms_per_run_iteration"]) > 0 for c in costs)
     engine = [float(r["log_rd_abs_engine"]) for r in summary]
     # 3 seeds × 20 iterations × 256 samples: SE ≈ 0.76/√15360 ≈ 0.6%, so 10% is 16 SE + calibration
     assert all(abs(x / 0.02 - 1) < 0.1 for x in engine)
     resets = _read(out / "reset.csv")
-    assert {r["ewma_beta_rule"] for r in resets} == {"mean_age", module.SLOW_REFERENCE_RULE}
+    assert {r["ewma_beta_rule"] for r in resets} == {"mean_age", study.SLOW_REFERENCE_RULE}
     assert all(float(r["resets_per_run"]) == 0 for r in resets if r["threshold"] == "none")
     curves = _read(out / "reset_over_time.csv")
-    for rule in ("mean_age", module.SLOW_REFERENCE_RULE):  # cumulative resets never decrease
+    for rule in ("mean_age", study.SLOW_REFERENCE_RULE):  # cumulative resets never decrease
         for threshold in scale.thresholds:
             c = [float(r["cumulative_resets"]) for r in curves
                  if r["ewma_beta_rule"] == rule and r["threshold"] == str(threshold)]
@@ -393,26 +393,26 @@ def test_experiment_writes_every_route_verdict_and_cost(ci_run):
 def test_slow_reference_stage_differs_only_in_beta(ci_run):
     """The slow-reference EWMA (no reset) runs the centred one's seeds with a larger β: at
     iteration 0 both references are θ_0 (same ρ_active), after that they part."""
-    module, out = ci_run
-    assert ewma_beta_from_staleness(4, module.SLOW_REFERENCE_RULE) > ewma_beta_from_staleness(4, "mean_age")
+    out = ci_run
+    # the centred β at W = 4 is the mean lag's: U{0..4} has mean lag 2
+    assert ewma_beta_from_staleness(4, study.SLOW_REFERENCE_RULE) > ewma_beta_from_staleness(4, "mean_age", mean_age=2.0)
     curves = _read(out / "reset_over_time.csv")
 
     def active(rule):
         return np.array([float(r["active_fraction"]) for r in curves
                          if r["ewma_beta_rule"] == rule and r["threshold"] == "none"])
 
-    centred, slow = active("mean_age"), active(module.SLOW_REFERENCE_RULE)
+    centred, slow = active("mean_age"), active(study.SLOW_REFERENCE_RULE)
     # fractions of kept samples (counts): equal unless a log-ratio lies within rounding of the bound
     assert centred.shape == slow.shape and centred[0] == slow[0]
     assert np.any(centred[1:] != slow[1:])
 
 
 @pytest.mark.slow
-def test_experiment_resumes_from_saved_chunks(ci_run):
+def test_experiment_resumes_from_saved_chunks(ci_run, run_study):
     """A rerun loads every saved chunk (no recomputation) and rewrites the same tables."""
-    module, out = ci_run
+    out = ci_run
     before = (out / "summary.csv").read_text()
-    logs = []
-    module.run("ci", out, log=logs.append)
+    again = run_study("old_logits_control", "ci", out)
     assert (out / "summary.csv").read_text() == before
-    assert any("W=" in line for line in logs)
+    assert "W=" in again.stdout

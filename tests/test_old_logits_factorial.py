@@ -8,6 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
+from fresh_rl.eval.verdicts import READERS
+
 FACTORIAL = ("snapshot", "mask_snapshot_clip_current", "mask_current_clip_snapshot", "recompute_current")
 
 
@@ -62,13 +64,12 @@ def test_the_total_gap_is_the_sum_of_the_two_main_effects(ci_run, csv_rows):
     assert active["mask_current_clip_snapshot"] < active["snapshot"]
 
 
-def test_the_verdict_reader_decides_the_declared_claims_on_the_ci_runs(ci_run, load_experiment, tmp_path):
+def test_the_verdict_reader_decides_the_declared_claims_on_the_ci_runs(ci_run, tmp_path):
     out, _ = ci_run
-    verdicts = load_experiment("verdicts")
     study = tmp_path / "results" / "old_logits_factorial"
     study.mkdir(parents=True)
     shutil.copy(out / "runs.csv", study / "runs.csv")
-    series, measure = verdicts.READERS["old_logits_factorial"](tmp_path)
+    series, measure = READERS["old_logits_factorial"](tmp_path)
     cell = {"task": "CartPole-v1", "setting": "fixed4"}
     assert sorted(series("snapshot", {"metric": "return"}, cell)) == [1, 2]
     assert 0.0 <= measure({"measure": "reset_rate"}, cell) <= 1.0

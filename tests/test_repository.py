@@ -169,7 +169,7 @@ def _default_suite_entry_files() -> list[Path]:
         files.append(test_file)
         for script in re.findall(r"(?:experiments|benchmarks|notebooks)/[\w\-]+\.(?:py|ipynb)", text):
             files.append(ROOT / script)
-        for stem in re.findall(r'load_experiment\("([\w]+)"\)', text):
+        for stem in re.findall(r'run_study\("(\w+)"', text):
             files.append(ROOT / "experiments" / f"{stem}.py")
         if re.search(r'"-m",\s*"fresh_rl"|-m fresh_rl\b', text):  # python -m fresh_rl
             files.append(ROOT / "fresh_rl" / "__main__.py")

@@ -1,20 +1,19 @@
-"""The verdict index (experiments/verdicts.py): rebuilt from the committed runs it equals the
-committed results/VERDICTS.md; the claims files and the decision rule (fresh_rl.eval.claims);
-the refusal to stamp a +dirty commit (fresh_rl.provenance.require_clean)."""
+"""The verdict index (fresh_rl.eval.verdicts, written by experiments/verdicts.py): rebuilt from the
+committed runs it equals the committed results/VERDICTS.md; the claims files and the decision rule
+(fresh_rl.eval.claims); the refusal to stamp a +dirty commit (fresh_rl.provenance.require_clean)."""
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 from fresh_rl import provenance
+from fresh_rl.eval import verdicts
 from fresh_rl.eval.claims import cells_of, decide_claim, load_study
-from fresh_rl.provenance import ALLOW_DIRTY_ENV, DirtyCheckoutError, require_clean
+from fresh_rl.provenance import ALLOW_DIRTY_ENV, REPOSITORY_ROOT, DirtyCheckoutError, require_clean
 
 
-@pytest.fixture(scope="module")
-def verdicts(load_experiment):
-    return load_experiment("verdicts")
-
-
-def test_the_committed_index_is_what_the_committed_runs_give(verdicts):
+def test_the_committed_index_is_what_the_committed_runs_give():
     """Rebuild results/VERDICTS.md from experiments/claims/*.toml and the run files under
     results/; only the stamp line (the commit of the code that wrote it) may differ. On failure:
     ``python experiments/verdicts.py`` (after committing the code)."""
@@ -24,12 +23,12 @@ def test_the_committed_index_is_what_the_committed_runs_give(verdicts):
     assert sum(line.startswith(verdicts.STAMP) for line in committed.splitlines()) == 1
 
 
-def test_every_study_has_a_claims_file_and_a_reader(verdicts):
+def test_every_study_has_a_claims_file_and_a_reader():
     decided = verdicts.decide_all()
     assert [s["study"] for s, _ in decided] == list(verdicts.STUDY_ORDER)
     for study, results in decided:
         if results is None:  # declared before its runs: some data file is not committed yet
-            assert not all((verdicts.REPOSITORY_ROOT / d).exists() for d in study["data"])
+            assert not all((REPOSITORY_ROOT / d).exists() for d in study["data"])
             assert study["study"] in verdicts.READERS
             continue
         assert len(results) == len(study["claims"]) > 0
@@ -84,7 +83,7 @@ def test_a_margin_moves_the_bar_and_the_reported_difference_stays_a_minus_b():
     assert out["high"] < 0.5
 
 
-def test_study_files_are_checked(tmp_path, verdicts):
+def test_study_files_are_checked(tmp_path):
     for path in sorted(verdicts.CLAIMS_DIR.glob("*.toml")):
         study = load_study(path)
         assert all(cells_of(c) for c in study["claims"])
@@ -95,7 +94,7 @@ def test_study_files_are_checked(tmp_path, verdicts):
         load_study(bad)
 
 
-def test_a_dirty_commit_is_refused_unless_allowed(tmp_path, monkeypatch, verdicts):
+def test_a_dirty_commit_is_refused_unless_allowed(tmp_path, monkeypatch):
     monkeypatch.delenv(ALLOW_DIRTY_ENV, raising=False)
     assert require_clean("0123abc") == "0123abc"
     with pytest.raises(DirtyCheckoutError, match="uncommitted"):
@@ -110,12 +109,27 @@ def test_a_dirty_commit_is_refused_unless_allowed(tmp_path, monkeypatch, verdict
     monkeypatch.setenv(ALLOW_DIRTY_ENV, "1")
     assert provenance.provenance(command="python x.py")["commit"] == "0123abc+dirty"
     monkeypatch.delenv(ALLOW_DIRTY_ENV)
-    # the index writer: refuses, then writes with --allow-dirty
-    monkeypatch.setattr(verdicts, "git_commit", lambda short=True: "0123abc+dirty")
+    # the index writer: refuses, then writes when allowed
     out = tmp_path / "VERDICTS.md"
     with pytest.raises(DirtyCheckoutError):
-        verdicts.main(["--out", str(out)])
+        verdicts.write_index(out, "0123abc+dirty")
     assert not out.exists()
-    assert verdicts.main(["--out", str(out), "--allow-dirty"]) == 0
+    verdicts.write_index(out, "0123abc+dirty", allow_dirty=True)
     assert f"{verdicts.STAMP}0123abc+dirty." in out.read_text()
-    assert verdicts.main(["--out", str(out), "--check"]) == 0
+    assert verdicts.is_current(out)
+    out.write_text(out.read_text().replace("reproduced", "refuted", 1))
+    assert not verdicts.is_current(out)
+
+
+def test_the_script_writes_and_checks_the_index(tmp_path):
+    """``experiments/verdicts.py --allow-dirty`` writes --out stamped with the checkout's commit;
+    ``--check`` then finds it current (exit 0)."""
+    def script(*flags):
+        return subprocess.run([sys.executable, str(REPOSITORY_ROOT / "experiments" / "verdicts.py"), *flags],
+                              capture_output=True, text=True, cwd=REPOSITORY_ROOT, timeout=300)
+    out = tmp_path / "VERDICTS.md"
+    written = script("--out", str(out), "--allow-dirty")
+    assert (written.returncode, written.stdout.strip()) == (0, f"wrote {out}"), written.stderr[-3000:]
+    assert f"{verdicts.STAMP}{provenance.git_commit()}." in out.read_text()
+    current = script("--out", str(out), "--check")
+    assert (current.returncode, current.stdout.strip()) == (0, f"{out} is current")

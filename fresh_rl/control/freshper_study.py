@@ -1,0 +1,120 @@
+"""The FreshPER control study's settings (``experiments/freshper_control.py``, arXiv 2604.16918):
+its arms (method × replay optimizer), scales, the trainer settings it accepts and the
+fingerprint its saved runs are found by.
+
+The trainer is :func:`fresh_rl.control.train.train` with the data source ``replay_freshper``,
+method ``ppo_clip``, one full-batch fresh update per iteration at lag 0 and K extra updates
+chosen by the replay method (:mod:`fresh_rl.replay.methods`). Scales: ``ci`` (the tests),
+``cpu`` (the committed results), ``paper`` (accelerators).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from fresh_rl.control.config import TrainConfig
+from fresh_rl.control.data_sources import ReplaySettings
+
+# The study's arms, as when its runs were committed (the registry may grow past them).
+STUDY_METHODS = ("onpolicy", "onpolicy_epochs", "uniform", "per_authors", "per_given", "freshper_0.3",
+                 "freshper_1", "freshper_3", "freshper_1_no_is")
+OPTIMIZER_CONTROLS = ("uniform", "per_given", "freshper_1")  # also run with separate Adam / SGD
+BATCH_NORMALIZED = ("per_authors", "per_given", "freshper_1")  # also run with per-batch IS weights
+SHORT_TAUS = (3.0, 10.0, 30.0)  # FreshPER τ in iterations, set by the KL of stored data (stage 4)
+
+
+def variants() -> list[tuple[str, str]]:
+    """(method, replay optimizer) pairs: every method with the shared Adam state, plus the
+    optimizer controls."""
+    return ([(m, "shared") for m in STUDY_METHODS]
+            + [(m, o) for o in ("separate", "sgd") for m in OPTIMIZER_CONTROLS])
+
+
+def variant_name(method: str, optimizer: str) -> str:
+    """A variant's name in the tables: the method, with ``@optimizer`` unless the shared Adam state."""
+    return method if optimizer == "shared" else f"{method}@{optimizer}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale:
+    """One scale of the study: a config per task, the seeds and the learning-rate grid."""
+
+    configs: tuple[TrainConfig, ...]
+    num_seeds: int
+    learning_rates: tuple[float, ...]
+
+
+def check_study_config(config: TrainConfig) -> TrainConfig:
+    """The study's trainer settings, else ``ValueError`` naming the field: method ``ppo_clip``,
+    one full-batch fresh step per iteration (``num_epochs`` = ``num_minibatches`` = 1, one pass),
+    one actor group at a fixed lag 0 (replay is the only staleness), the ``replay_freshper`` data
+    source (the rows set every replay leaf) and drift snapshots on (``replay.drift_every`` > 0)."""
+    if config.method != "ppo_clip":
+        raise ValueError(f"method must be 'ppo_clip' (the study's loss), got {config.method!r}")
+    for name in ("num_epochs", "num_minibatches", "num_actor_groups", "passes_per_batch_used"):
+        if getattr(config, name) != 1:
+            raise ValueError(f"{name} must be 1 (one full-batch fresh step per iteration; the K extra "
+                             f"updates are replay.extra_updates), got {getattr(config, name)}")
+    if config.delay.kind != "fixed" or config.delay.lag != 0:
+        raise ValueError(f"delay must be a fixed lag 0 (replay staleness only), got {config.delay!r}")
+    if config.data_source != "replay_freshper":
+        raise ValueError(f"data_source must be 'replay_freshper', got {config.data_source!r}")
+    if not config.replay.drift_every:
+        raise ValueError("replay.drift_every must be > 0 (the pilot fits τ to the drift snapshots)")
+    return config
+
+
+def _config(env_name: str, num_envs: int, rollout_length: int, iterations: int, buffer: int,
+            log_every: int, eval_every: int, eval_episodes: int, **train_fields):
+    return check_study_config(TrainConfig(
+        env_name=env_name, num_envs=num_envs, rollout_length=rollout_length,
+        total_env_steps=num_envs * rollout_length * iterations, num_epochs=1, num_minibatches=1,
+        eval_every=eval_every, eval_episodes=eval_episodes, data_source="replay_freshper",
+        replay=ReplaySettings(extra_updates=2, buffer_iterations=buffer, drift_every=log_every),
+        **train_fields))
+
+
+# TrainConfig's fields when the committed runs were saved (results/freshper_control/runs/), in
+# their order; the fields added since then must be at their defaults for the legacy fingerprint
+_LEGACY_TRAIN_FIELDS = (
+    "env_name", "brax_backend", "num_envs", "rollout_length", "total_env_steps", "num_epochs",
+    "num_minibatches", "learning_rate", "max_grad_norm", "adam_eps", "gamma", "gae_lambda",
+    "value_coef", "entropy_coef", "advantage_normalization", "passes_per_batch", "normalize_obs",
+    "obs_clip", "hidden_sizes", "activation", "init_log_std", "encoder", "conv_channels",
+    "conv_kernel_size", "method", "ppo_clip", "ppo_kl", "kl_coef", "kl_adaptive", "spo", "vaco",
+    "vtrace_rho_bar", "vtrace_c_bar", "vaco_advantage", "delay", "num_actor_groups", "eval_every",
+    "eval_episodes")
+
+
+def config_fingerprint(config: TrainConfig) -> str:
+    """The configuration's part of a stage's fingerprint (the saved runs' folder and identity).
+
+    The study's runs were saved by the former replay trainer (``fresh_rl.control.replay_train``,
+    now :func:`fresh_rl.control.train.train` with the ``replay_freshper`` data source) under the
+    repr of its config; a config those runs could have had keeps that string, so the committed
+    chunks are restored and the tables re-decided from them. Any other config (a field added
+    since then off its default) gets its own repr, hence its own folder.
+    """
+    check_study_config(config)
+    new = set(f.name for f in dataclasses.fields(TrainConfig)) - set(_LEGACY_TRAIN_FIELDS) - {"replay", "data_source"}
+    default = TrainConfig()
+    if any(getattr(config, name) != getattr(default, name) for name in new):
+        return repr(config)
+    r = config.replay
+    train_repr = "TrainConfig(" + ", ".join(f"{name}={getattr(config, name)!r}" for name in _LEGACY_TRAIN_FIELDS) + ")"
+    return (f"ReplayTrainConfig(train={train_repr}, extra_updates={r.extra_updates!r}, "
+            f"buffer_iterations={r.buffer_iterations!r}, priority={r.priority!r}, "
+            f"priority_exponent={r.priority_exponent!r}, importance_exponent_default={r.importance_exponent!r}, "
+            f"min_decayed_priority={r.min_decayed_priority!r}, "
+            f"importance_weight_normalization={r.importance_weight_normalization!r}, "
+            f"buffer_sampling='freshper', log_every={r.drift_every!r})")
+
+
+SCALES = {
+    "ci": Scale((_config("CartPole-v1", 4, 16, 20, 8, 5, 10, 2),), 2, (1e-3,)),
+    "cpu": Scale((_config("CartPole-v1", 8, 64, 300, 256, 25, 25, 8),
+                  _config("Acrobot-v1", 8, 64, 300, 256, 25, 25, 8)), 10, (3e-3, 1e-2)),
+    "paper": Scale((_config("CartPole-v1", 16, 128, 1000, 500, 50, 50, 32),
+                    _config("Acrobot-v1", 16, 128, 1000, 500, 50, 50, 32),
+                    _config("Breakout-MinAtar", 8, 64, 1000, 300, 50, 50, 32)), 30,
+                   (1e-3, 3e-3, 1e-2)),
+}
