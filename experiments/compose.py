@@ -42,6 +42,7 @@ from fresh_rl.control import HyperParams, ReplaySettings, TrainConfig, train
 from fresh_rl.eval import eval_final_score, seed_interval
 from fresh_rl.lag import DelayConfig
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_atomic
+from fresh_rl.sweep import saved_arrays
 from fresh_rl.sweep.keys import seed_keys
 from fresh_rl.sweep.study_cli import study_main
 
@@ -142,16 +143,10 @@ def run(scale_name: str, out: Path, seed: int, fresh: bool) -> str:
     (out / "runs").mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     runs = {}
-    for arm in ARMS:
-        path = out / "runs" / f"{arm}.npz"
-        if path.exists() and not fresh:
-            runs[arm] = dict(np.load(path))
-            print(f"[compose] {arm}: saved, {len(seeds)} seeds", flush=True)
-            continue
+    for arm in ARMS:  # --fresh: study_main cleared runs/ first
         t0 = time.perf_counter()
-        runs[arm] = run_arm(arm_config(scale, arm), seeds)
-        write_atomic(path, lambda f, r=runs[arm]: np.savez(f, **r), binary=True)
-        print(f"[compose] {arm}: {len(seeds)} seeds in {time.perf_counter() - t0:.0f} s, final return "
+        runs[arm] = saved_arrays(out / "runs" / f"{arm}.npz", lambda a=arm: run_arm(arm_config(scale, a), seeds))
+        print(f"[compose] {arm}: {len(seeds)} seeds ({time.perf_counter() - t0:.0f} s), final return "
               f"{runs[arm]['final_eval_return'].mean():.1f}", flush=True)
     info = provenance(started=started)
     table = {arm: {"seeds": [int(s) for s in r["seeds"]],

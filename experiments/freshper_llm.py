@@ -39,7 +39,7 @@ from fresh_rl.llm.presets import BPE_TASKS, FRESHPER_SCALES, RESULTS, SYNC
 from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.provenance import provenance, provenance_line, write_csv
 from fresh_rl.report import interval, interval_text, position_on_grid
-from fresh_rl.sweep import output_lock
+from fresh_rl.sweep import output_lock, saved_arrays
 from fresh_rl.sweep.checkpoint import RunCheckpointer
 from fresh_rl.sweep.integrity import tree_checksum
 from fresh_rl.sweep.keys import seed_key
@@ -50,42 +50,41 @@ TASK = "arithmetic"
 
 
 def run_arm(scale, method, replay_config, params, model_config, env, out: Path) -> dict:
-    """One arm, all rows vmapped: its history, held-out success per row, final-buffer drift."""
-    path = out / "runs" / f"{method}.npz"
-    if path.exists():
-        return dict(np.load(path))
-    rows = scale.run_rows(TASK, method)
-    state = None
-    if scale.ablates_tau(TASK, method):
-        state = rt.set_initial_tau(rt.init_state(scale.rl, SYNC, replay_config, params, env),
-                                   replay_config, scale.rl.batch_size, [tau for tau, _ in rows])
-    checkpointer = RunCheckpointer(out / "checkpoints" / method,
-                                   fingerprint=repr((scale, method, tree_checksum(params))))
-    started = time.perf_counter()
-    state, history = rt.train_loop(scale.rl, SYNC, replay_config, [seed for _, seed in rows],
-                                   scale.iterations, params=params, env=env, model_config=model_config,
-                                   state=state, checkpointer=checkpointer, checkpoint_every=5,
-                                   log=lambda i, m: print(f"[{method}] iteration {i + 1}/{scale.iterations}: "
-                                                          f"success {np.mean(m['success_rate']):.3f}, "
-                                                          f"{time.perf_counter() - started:.0f} s", flush=True))
-    seconds = time.perf_counter() - started
-    evaluate = make_evaluator(EvalTask(scale.rl, env, scale.eval_episodes), model_config)
-    final = state.pipeline.train.params
-    held_out = [float(np.mean(evaluate(jax.tree.map(lambda x: x[i], final), seed_key(EVAL_SEED))))
-                for i in range(len(rows))]
-    # one row at a time: a forward over a whole buffer per row is already GBs (vmapped, the 10 τ rows OOM)
-    drift_of = jax.jit(lambda p, r, now: rt.drift_by_age(p, r, config=scale.rl, model_config=model_config, now=now))
-    per_row = [jax.device_get(drift_of(*jax.tree.map(lambda x: x[i], (final, state.replay,
-                                                                       state.pipeline.ring.latest_version))))
-               for i in range(len(rows))]
-    drift = {k: np.stack([d[k] for d in per_row]) for k in per_row[0]}
-    data = {**{f"h:{k}": np.asarray(v) for k, v in history.items()},
-            **{f"d:{k}": np.asarray(v) for k, v in drift.items()},
-            "held_out": np.asarray(held_out), "tau": np.asarray([math.inf if t is None else t for t, _ in rows]),
-            "seed": np.asarray([s for _, s in rows]), "seconds": np.asarray(seconds)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, **data)
-    return data
+    """One arm, all rows vmapped: its history, held-out success per row, final-buffer drift; saved as
+    ``runs/<method>.npz`` (checkpoints in ``checkpoints/<method>``)."""
+    def train() -> dict:
+        rows = scale.run_rows(TASK, method)
+        state = None
+        if scale.ablates_tau(TASK, method):
+            state = rt.set_initial_tau(rt.init_state(scale.rl, SYNC, replay_config, params, env),
+                                       replay_config, scale.rl.batch_size, [tau for tau, _ in rows])
+        checkpointer = RunCheckpointer(out / "checkpoints" / method,
+                                       fingerprint=repr((scale, method, tree_checksum(params))))
+        started = time.perf_counter()
+        state, history = rt.train_loop(scale.rl, SYNC, replay_config, [seed for _, seed in rows],
+                                       scale.iterations, params=params, env=env, model_config=model_config,
+                                       state=state, checkpointer=checkpointer, checkpoint_every=5,
+                                       log=lambda i, m: print(f"[{method}] iteration {i + 1}/{scale.iterations}: "
+                                                              f"success {np.mean(m['success_rate']):.3f}, "
+                                                              f"{time.perf_counter() - started:.0f} s", flush=True))
+        seconds = time.perf_counter() - started
+        evaluate = make_evaluator(EvalTask(scale.rl, env, scale.eval_episodes), model_config)
+        final = state.pipeline.train.params
+        held_out = [float(np.mean(evaluate(jax.tree.map(lambda x: x[i], final), seed_key(EVAL_SEED))))
+                    for i in range(len(rows))]
+        # one row at a time: a forward over a whole buffer per row is already GBs (vmapped, the 10 τ rows OOM)
+        drift_of = jax.jit(lambda p, r, now: rt.drift_by_age(p, r, config=scale.rl, model_config=model_config, now=now))
+        per_row = [jax.device_get(drift_of(*jax.tree.map(lambda x: x[i], (final, state.replay,
+                                                                           state.pipeline.ring.latest_version))))
+                   for i in range(len(rows))]
+        drift = {k: np.stack([d[k] for d in per_row]) for k in per_row[0]}
+        data = {**{f"h:{k}": np.asarray(v) for k, v in history.items()},
+                **{f"d:{k}": np.asarray(v) for k, v in drift.items()},
+                "held_out": np.asarray(held_out), "tau": np.asarray([math.inf if t is None else t for t, _ in rows]),
+                "seed": np.asarray([s for _, s in rows]), "seconds": np.asarray(seconds)}
+        return data
+
+    return saved_arrays(out / "runs" / f"{method}.npz", train)
 
 
 def arm_name(method: str, tau: float) -> str:

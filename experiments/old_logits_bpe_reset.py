@@ -44,7 +44,7 @@ from fresh_rl.llm.presets import OLD_LOGITS_SCALES, RESULTS
 from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.provenance import provenance, provenance_line, write_csv
 from fresh_rl.report import interval, interval_text
-from fresh_rl.sweep import output_lock
+from fresh_rl.sweep import output_lock, saved_arrays
 from fresh_rl.sweep.checkpoint import RunCheckpointer
 from fresh_rl.sweep.integrity import tree_checksum
 from fresh_rl.sweep.study_cli import study_main
@@ -73,35 +73,34 @@ SCALES = {
 
 def run_rows(scale: Scale, bed, route: str, rows: list[tuple[float, int]], name: str, params, model_config,
              out: Path) -> dict:
-    """``(threshold, seed)`` rows of one route, one vmapped program; saved as ``runs/<name>.npz``."""
-    path = out / "runs" / f"{name}.npz"
-    if path.exists():
-        return dict(np.load(path))
-    async_config = bed.async_config(route)
-    hparams = LLMHyperParams.stack([async_config.default_hparams(window=scale.window, ewma_reset_threshold=t)
-                                    for t, _ in rows])
-    started = time.perf_counter()
-    state, history = ap.train_loop(
-        bed.rl, async_config, [s for _, s in rows], bed.iterations, params=params, env=bed.env,
-        model_config=model_config, hparams=hparams, checkpoint_every=4,
-        checkpointer=RunCheckpointer(out / "checkpoints" / name, fingerprint=repr((bed, name, rows, tree_checksum(params)))),
-        log=lambda i, m: print(f"[{name}] iteration {i + 1}/{bed.iterations}: ρ_active "
-                               f"{np.mean(m['active_token_fraction']):.4f}, {time.perf_counter() - started:.0f} s",
-                               flush=True))
-    final = state.train.params
-    evaluation = evaluate_policies(bed, model_config, {i: jax.tree.map(lambda x: x[i], final) for i in range(len(rows))})
-    success = {p: np.array([next(r["success"] for r in evaluation if r["policy"] == i and r["prompts"] == p)
-                            for i in range(len(rows))]) for p in ("training", "held_out")}
-    full = slice(min(scale.window, bed.iterations - 1), None)  # iterations with a full ring
-    data = {"threshold": np.array([t for t, _ in rows]), "seed": np.array([s for _, s in rows]),
-            "reset_rate": np.asarray(history["ewma_reset"])[:, full].mean(1),
-            "active_fraction": np.asarray(history["active_token_fraction"])[:, full].mean(1),
-            "success_training": success["training"], "success_held_out": success["held_out"],
-            "active_history": np.asarray(history["active_token_fraction"]),
-            "reset_history": np.asarray(history["ewma_reset"]), "seconds": np.asarray(time.perf_counter() - started)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, **data)
-    return data
+    """``(threshold, seed)`` rows of one route, one vmapped program (checkpoints in
+    ``checkpoints/<name>``); saved as ``runs/<name>.npz``."""
+    def train() -> dict:
+        async_config = bed.async_config(route)
+        hparams = LLMHyperParams.stack([async_config.default_hparams(window=scale.window, ewma_reset_threshold=t)
+                                        for t, _ in rows])
+        started = time.perf_counter()
+        state, history = ap.train_loop(
+            bed.rl, async_config, [s for _, s in rows], bed.iterations, params=params, env=bed.env,
+            model_config=model_config, hparams=hparams, checkpoint_every=4,
+            checkpointer=RunCheckpointer(out / "checkpoints" / name, fingerprint=repr((bed, name, rows, tree_checksum(params)))),
+            log=lambda i, m: print(f"[{name}] iteration {i + 1}/{bed.iterations}: ρ_active "
+                                   f"{np.mean(m['active_token_fraction']):.4f}, {time.perf_counter() - started:.0f} s",
+                                   flush=True))
+        final = state.train.params
+        evaluation = evaluate_policies(bed, model_config, {i: jax.tree.map(lambda x: x[i], final) for i in range(len(rows))})
+        success = {p: np.array([next(r["success"] for r in evaluation if r["policy"] == i and r["prompts"] == p)
+                                for i in range(len(rows))]) for p in ("training", "held_out")}
+        full = slice(min(scale.window, bed.iterations - 1), None)  # iterations with a full ring
+        data = {"threshold": np.array([t for t, _ in rows]), "seed": np.array([s for _, s in rows]),
+                "reset_rate": np.asarray(history["ewma_reset"])[:, full].mean(1),
+                "active_fraction": np.asarray(history["active_token_fraction"])[:, full].mean(1),
+                "success_training": success["training"], "success_held_out": success["held_out"],
+                "active_history": np.asarray(history["active_token_fraction"]),
+                "reset_history": np.asarray(history["ewma_reset"]), "seconds": np.asarray(time.perf_counter() - started)}
+        return data
+
+    return saved_arrays(out / "runs" / f"{name}.npz", train)
 
 
 def read_no_reset_rows(scale: Scale, bed) -> dict:

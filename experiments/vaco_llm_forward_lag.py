@@ -16,7 +16,7 @@ docs/vaco.md §5). Methods, both on the same GRPO advantages:
 
 Neither method is tuned (the bed's lr was fixed before this study; ε and δ at their papers'
 values): the same budget, none. Each (method, M) is one vmapped program over the seeds,
-checkpointed every 4 iterations (a rerun resumes; a finished arm loads from ``runs/<arm>.npz``).
+checkpointed every 4 iterations (a rerun resumes; a finished arm loads from ``runs/<method>_M<M>.npz``).
 Every final policy is scored on the training prompts and held-out prompts (512 episodes each).
 
 Outputs (``results/vaco_llm_forward_lag/``): ``runs.csv`` (method, M, seed, training and held-out
@@ -46,7 +46,7 @@ from fresh_rl.llm.presets import OLD_LOGITS_SCALES, RESULTS
 from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.provenance import provenance, provenance_line, write_csv
 from fresh_rl.report import interval, interval_text
-from fresh_rl.sweep import output_lock
+from fresh_rl.sweep import output_lock, saved_arrays
 from fresh_rl.sweep.checkpoint import RunCheckpointer
 from fresh_rl.sweep.integrity import tree_checksum
 from fresh_rl.sweep.study_cli import study_main
@@ -73,11 +73,8 @@ SCALES = {
 
 
 def run_arm(scale: Scale, bed, method: str, updates: int, params, model_config, out: Path) -> dict:
-    """One (method, M), every seed a row of one vmapped program; saved as ``runs/<method>_M<M>.npz``."""
+    """One (method, M), every seed a row of one vmapped program (checkpoints in ``checkpoints/<method>_M<M>``)."""
     name = f"{method}_M{updates}"
-    path = out / "runs" / f"{name}.npz"
-    if path.exists():
-        return dict(np.load(path))
     rl = dataclasses.replace(bed.rl, loss=method, minibatches=updates, epochs=1)
     pipeline = ap.AsyncConfig(staleness_window=0, old_logit_route=ROUTES[method])
     started = time.perf_counter()
@@ -95,10 +92,7 @@ def run_arm(scale: Scale, bed, method: str, updates: int, params, model_config, 
                                       for i in range(len(scale.seeds))]) for p in ("training", "held_out")}
     for column, metric in MEANS.items():  # a metric the loss does not report is NaN
         data[column] = np.asarray(history[metric]).mean(1) if metric in history else np.full(len(scale.seeds), np.nan)
-    data.update(seed=np.array(scale.seeds), seconds=np.asarray(time.perf_counter() - started))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path, **data)
-    return data
+    return dict(data, seed=np.array(scale.seeds), seconds=np.asarray(time.perf_counter() - started))
 
 
 def figure(rows: list[dict], updates: tuple[int, ...], path: Path) -> None:
@@ -134,7 +128,8 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
         rows = [{"method": method, "updates": m, "seed": int(s), **{k: float(data[k][i]) for k in
                                                                     ("success_training", "success_held_out", *MEANS)}}
                 for m in scale.updates for method in ROUTES
-                for data in [run_arm(scale, bed, method, m, params, model_config, out)]
+                for data in [saved_arrays(out / "runs" / f"{method}_M{m}.npz",
+                                          lambda: run_arm(scale, bed, method, m, params, model_config, out))]
                 for i, s in enumerate(data["seed"])]
         write_csv(out / "runs.csv", rows)
         figure(rows, scale.updates, out / "success_vs_updates.png")

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from fresh_rl.control import TrainConfig, init_state, train, train_iteration
 from fresh_rl.lag import DelayConfig
-from fresh_rl.sweep import (CheckpointError, RunCheckpointer, RunIdentityError, product_grid, run_loop, seed_key,
-                            seed_keys, split_run_key, step_key, step_keys)
+from fresh_rl.sweep import (CheckpointError, RunCheckpointer, RunIdentityError, product_grid, run_loop, saved_arrays,
+                            seed_key, seed_keys, split_run_key, step_key, step_keys)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = TrainConfig(env_name="CartPole-v1", num_envs=4, rollout_length=8, total_env_steps=4 * 8 * 6,
@@ -318,3 +318,26 @@ def test_corrupt_checkpoint_is_detected_skipped_and_kept_aside(tmp_path, uninter
     with pytest.raises(CheckpointError, match="no usable checkpoint"):
         RunCheckpointer(tmp_path, repr(CONFIG)).restore_latest(wrong)
     assert sorted(p.name for p in tmp_path.iterdir() if p.name[0].isdigit()) == ["5", "6", "6.corrupt"]
+
+
+def test_saved_arrays_computes_once_and_an_interrupted_write_leaves_no_file(tmp_path):
+    path, calls = tmp_path / "runs" / "arm.npz", []
+
+    def compute():
+        calls.append(1)
+        return {"seed": [0, 1], "score": np.array([0.5, 0.25])}
+
+    first = saved_arrays(path, compute)
+    again = saved_arrays(path, compute)  # loaded: compute is not called again
+    assert len(calls) == 1 and path.exists()
+    assert first.keys() == again.keys() == {"seed", "score"}
+    for k in first:
+        np.testing.assert_array_equal(first[k], again[k])
+
+    def fails():
+        raise RuntimeError("stopped mid-run")
+
+    other = tmp_path / "runs" / "other.npz"
+    with pytest.raises(RuntimeError):
+        saved_arrays(other, fails)
+    assert not other.exists() and [p.name for p in other.parent.iterdir()] == ["arm.npz"]

@@ -4,7 +4,8 @@
   :func:`step_key`).
 * :mod:`.grid` — :func:`product_grid`, :func:`run_sharded` (one vmapped program, grid axis
   sharded over a ``("grid",)`` mesh, chunked, resumable per chunk), :func:`run_stage` (one
-  resumable stage of a study: a folder per fingerprint, progress, wall time), :func:`to_host`.
+  resumable stage of a study: a folder per fingerprint, progress, wall time), :func:`saved_arrays`
+  (a finished stage's arrays, loaded or computed and saved atomically), :func:`to_host`.
 * :mod:`.distributed` — :func:`initialize_distributed`, :func:`launch_local`: one grid over
   several processes (one machine, TPU pod slices, SLURM jobs).
 * :mod:`.loop` — :func:`run_loop`, the host loop of every trainer (chunked scans or per-step
@@ -21,7 +22,7 @@
 from fresh_rl.sweep.checkpoint import CheckpointError, RunCheckpointer, RunIdentityError, progress_printer
 from fresh_rl.sweep.distributed import (DistributedSetupError, LaunchError, initialize_distributed, is_primary,
                                         launch_local)
-from fresh_rl.sweep.grid import Grid, grid_mesh, product_grid, run_sharded, run_stage, to_host
+from fresh_rl.sweep.grid import Grid, grid_mesh, product_grid, run_sharded, run_stage, saved_arrays, to_host
 from fresh_rl.sweep.identity import claim_folder
 from fresh_rl.sweep.integrity import NonFiniteError, nonfinite_cells, tree_checksum
 from fresh_rl.sweep.keys import seed_key, seed_keys, split_run_key, step_key, step_keys
@@ -49,6 +50,7 @@ __all__ = [
     "run_loop",
     "run_sharded",
     "run_stage",
+    "saved_arrays",
     "seed_key",
     "seed_keys",
     "split_run_key",

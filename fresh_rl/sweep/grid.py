@@ -33,6 +33,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from fresh_rl.provenance import write_atomic
 from fresh_rl.sweep.checkpoint import RunCheckpointer, progress_printer
 from fresh_rl.sweep.keys import seed_keys
 from fresh_rl.validation import checked_result, checkify_if_checked, require_int
@@ -214,6 +215,19 @@ def run_stage(fn: Callable[..., Any], *grid_args, directory, fingerprint: str, c
     if not timing.exists():
         timing.write_text(f"{time.perf_counter() - started:.1f}\n")
     return {k: np.asarray(v) for k, v in out.items()}, float(timing.read_text())
+
+
+def saved_arrays(path, compute: Callable[[], Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """The arrays saved at ``path`` (an ``.npz`` a finished stage wrote) or, if there is none,
+    ``compute()``'s, saved there first in one atomic write (an interrupted write leaves no file,
+    so a rerun computes again instead of loading half an archive)."""
+    path = Path(path)
+    if path.exists():
+        with np.load(path) as saved:
+            return dict(saved)
+    data = {k: np.asarray(v) for k, v in compute().items()}
+    write_atomic(path, lambda f: np.savez(f, **data), binary=True)
+    return data
 
 
 def to_host(tree) -> Any:
