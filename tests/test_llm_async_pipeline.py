@@ -340,17 +340,18 @@ def test_a_learning_rate_sweep_is_rows_of_one_program(params):
     update's size follows the rate (AdamW's first step is lr·g/(|g| + ε) entry by entry: 10×
     the rate moves the weights ≈ 10× as far; we ask for > 3×). 8 groups of 8 episodes: with a
     success rate of ~0.1 every group is all-fail (zero advantages, zero gradient) with
-    probability ≈ 0.9^64 ≈ 1e-3 per batch, so the gradient is non-zero on any machine."""
+    probability ≈ 0.9^64 ≈ 1e-3 per batch, so the gradient is non-zero on any machine.
+    A second grid of three other rates traces nothing: the rate is data, not part of the program."""
     config = ap.AsyncConfig(staleness_window=0, old_logit_route="behaviour")
     rl = dataclasses.replace(CONFIG, num_groups=8, group_size=8)
-    rates = (1e-4, 1e-3)
+    rates = (1e-4, 1e-3, 3e-4)
     with pytest.raises(ValueError, match="learning_rates"):
-        ap.train_loop(rl, config, [0, 0], 1, params=params, env=ENV, model_config=MODEL,
+        ap.train_loop(rl, config, [0, 0, 0], 1, params=params, env=ENV, model_config=MODEL,
                       learning_rates=rates[:1])
     with pytest.raises(ValueError, match=r"learning_rate must be in \(0\.0, inf\)"):
-        ap.train_loop(rl, config, [0, 0], 1, params=params, env=ENV, model_config=MODEL,
-                      learning_rates=(1e-4, -1.0))
-    state, history = ap.train_loop(rl, config, [0, 0], 1, params=params, env=ENV,
+        ap.train_loop(rl, config, [0, 0, 0], 1, params=params, env=ENV, model_config=MODEL,
+                      learning_rates=(1e-4, -1.0, 1e-3))
+    state, history = ap.train_loop(rl, config, [0, 0, 0], 1, params=params, env=ENV,
                                    model_config=MODEL, learning_rates=rates)
     np.testing.assert_array_equal(current_learning_rate(state.train), np.float32(rates))
     for key in ("mean_return", "grad_norm"):
@@ -360,6 +361,19 @@ def test_a_learning_rate_sweep_is_rows_of_one_program(params):
                  for p, p0 in zip(jax.tree_util.tree_leaves(state.train.params),
                                   jax.tree_util.tree_leaves(params))) for i in range(2)]
     assert moved[1] > 3 * moved[0] > 0, moved
+    traced = []
+
+    def on_event(event, duration, **kwargs):
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            traced.append(event)
+
+    jax.monitoring.register_event_duration_secs_listener(on_event)
+    try:
+        ap.train_loop(rl, config, [0, 0, 0], 1, params=params, env=ENV, model_config=MODEL,
+                      learning_rates=(2e-4, 5e-4, 2e-3))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_event)
+    assert traced == []
 
 
 def test_registry_flags():
