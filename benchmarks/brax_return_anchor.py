@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import platform
 import time
 from pathlib import Path
 
@@ -113,7 +112,7 @@ def main(argv=None) -> None:
     header = provenance(started=started)
     settings = ", ".join(f"{k} {v}" for k, v in vars(args).items() if k != "out")
     text = ["# Return anchor: our PPO-clip at lag 0 vs Brax's PPO trainer", "", provenance_line(header), "",
-            f"Machine: {platform.machine()}, {jax.device_count()} {jax.default_backend()} device(s). Settings: {settings}. "
+            f"Settings: {settings}. "
             "How both sides are configured: the docstring of `benchmarks/brax_return_anchor.py`.", "",
             "| side | final deterministic return (95% interval over seeds) |", "|---|---|",
             *[f"| {side} | {interval_text(*interval(values))} |" for side, values in scores.items()], "",
