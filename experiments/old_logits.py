@@ -33,7 +33,7 @@ Writes to --out (default results/old_logits for cpu and paper, else results/old_
                   decided over its cells by experiments/verdicts.py (results/VERDICTS.md)
   effects.csv     (when the grid has the four arms of the mask × clip factorial) per W and
                   metric the factorial's contrasts, seed-paired (:func:`factorial_tables`)
-  success_vs_step.png, mechanism.png, reset_ablation.png, config.json
+  success_vs_step.png, mechanism.png, mechanism_vs_window.png (several windows), reset_ablation.png, config.json
 The ``bpe`` scale is the LLM confirmation on the BPE warm start (results/llm_warm_start_bpe/model,
 random staleness L ~ U{0..W}, W ∈ {1, 4, 16}, 5 seeds × 60 iterations; ``bpe-ci`` its test
 version on the stand-in; ``bpe-factorial`` the mask × clip factorial at W = 16). A grid too long for one run runs in chunks: ``--max-runs N`` makes
@@ -279,7 +279,10 @@ def overhead_rows(timed: dict, scale: Scale, params) -> list[dict]:
     return rows
 
 
-def plot(curves: list[dict], scale: Scale, out: str) -> None:
+def plot(curves: list[dict], summary: list[dict], scale: Scale, out: str) -> None:
+    """The learning-curve and mechanism figures; with several windows also ``mechanism_vs_window.png``:
+    ρ_active and the clip fraction over the iterations with a full ring against W, per route (95%
+    intervals over seeds)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -311,6 +314,21 @@ def plot(curves: list[dict], scale: Scale, out: str) -> None:
         fig.savefig(os.path.join(out, filename), dpi=110)
         plt.close(fig)
 
+    if len(scale.windows) > 1:
+        fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+        for ax, metric, label in zip(axes, ("active_fraction", "clip_fraction"), ("ρ_active", "clip fraction")):
+            for route in scale.grid_routes:
+                rows = sorted((r for r in summary if r["route"] == route and not r["partial"]), key=lambda r: r["window"])
+                if rows:
+                    mean = np.array([r[metric] for r in rows])
+                    ax.errorbar([r["window"] for r in rows], mean, marker="o", capsize=3, label=route,
+                                yerr=[mean - [r[f"{metric}_low"] for r in rows], [r[f"{metric}_high"] for r in rows] - mean])
+            ax.set(xscale="log", xticks=scale.windows, xticklabels=scale.windows, xlabel="staleness window W",
+                   ylabel=label)
+        axes[1].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, "mechanism_vs_window.png"), dpi=110)
+        plt.close(fig)
     panel_grid(("success_rate",), scale.grid_routes, "success_vs_step.png")
     panel_grid(("active_token_fraction", "abs_log_rd_mean"), scale.grid_routes, "mechanism.png")
     ablation = [r for r in ("ewma", "ewma_no_reset", "snapshot") if r in scale.grid_routes]
@@ -434,7 +452,7 @@ def main(argv=None):
         effects = factorial_tables(scale, histories, rows)
         if effects:
             write_csv(os.path.join(out, "effects.csv"), effects)
-    plot(curves, scale, out)
+    plot(curves, summary, scale, out)
     info = provenance(command=" ".join(["python experiments/old_logits.py"]
                                        + list(argv if argv is not None else sys.argv[1:])),
                       started=started)
