@@ -475,6 +475,7 @@ def test_bpe_ci_experiment_random_staleness_and_saved_evaluations(tmp_path):
     assert [r["window"] for r in _read_csv(os.path.join(out, "summary.csv"))] == ["4"]
     finished("--resume")
     assert [r["window"] for r in _read_csv(os.path.join(out, "summary.csv"))] == ["1", "4"]
+    assert os.path.getsize(os.path.join(out, "mechanism_vs_window.png")) > 0  # two windows: the figure against W
     # the lag L ~ U{0..w}, clipped to the versions the ring holds at step i (≤ i): never above
     # min(w, i), and (unlike the fixed lag, always min(w, i)) below it at some step
     gaps = [float(r["lag/version_gap_mean"]) for r in _read_csv(os.path.join(out, "runs", "ewma_W4_seed0.csv"))]
