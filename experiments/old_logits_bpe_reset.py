@@ -40,6 +40,7 @@ from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm.checkpoint import load_hf_model
 from fresh_rl.llm.evaluation import evaluate_policies
 from fresh_rl.llm.hparams import LLMHyperParams
+from fresh_rl.llm.old_logits_verdicts import full_ring
 from fresh_rl.llm.presets import OLD_LOGITS_SCALES, RESULTS
 from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.provenance import provenance, provenance_line, write_csv
@@ -91,14 +92,10 @@ def run_rows(scale: Scale, bed, route: str, rows: list[tuple[float, int]], name:
         evaluation = evaluate_policies(bed, model_config, {i: jax.tree.map(lambda x: x[i], final) for i in range(len(rows))})
         success = {p: np.array([next(r["success"] for r in evaluation if r["policy"] == i and r["prompts"] == p)
                                 for i in range(len(rows))]) for p in ("training", "held_out")}
-        full = slice(min(scale.window, bed.iterations - 1), None)  # iterations with a full ring
-        data = {"threshold": np.array([t for t, _ in rows]), "seed": np.array([s for _, s in rows]),
-                "reset_rate": np.asarray(history["ewma_reset"])[:, full].mean(1),
-                "active_fraction": np.asarray(history["active_token_fraction"])[:, full].mean(1),
+        return {"threshold": np.array([t for t, _ in rows]), "seed": np.array([s for _, s in rows]),
                 "success_training": success["training"], "success_held_out": success["held_out"],
-                "active_history": np.asarray(history["active_token_fraction"]),
-                "reset_history": np.asarray(history["ewma_reset"]), "seconds": np.asarray(time.perf_counter() - started)}
-        return data
+                **ring_metrics(scale, history["active_token_fraction"], history["ewma_reset"]),
+                "seconds": np.asarray(time.perf_counter() - started)}
 
     return saved_arrays(out / "runs" / f"{name}.npz", train)
 
@@ -115,15 +112,22 @@ def read_no_reset_rows(scale: Scale, bed) -> dict:
                 for r in ("active_token_fraction", "ewma_reset")} for n in names]
     success = [{e["prompts"]: e["success"] for e in json.loads((scale.no_reset_runs / f"{n}.eval.json").read_text())}
                for n in names]
-    full = slice(min(scale.window, bed.iterations - 1), None)
     return {"threshold": np.full(len(names), bed.async_config("ewma").ewma_reset_threshold),
             "seed": np.array(scale.scoring_seeds),
-            "reset_rate": np.array([c["ewma_reset"][full].mean() for c in columns]),
-            "active_fraction": np.array([c["active_token_fraction"][full].mean() for c in columns]),
             "success_training": np.array([s["training"] for s in success]),
             "success_held_out": np.array([s["held_out"] for s in success]),
-            "active_history": np.stack([c["active_token_fraction"] for c in columns]),
-            "reset_history": np.stack([c["ewma_reset"] for c in columns])}
+            **ring_metrics(scale, np.stack([c["active_token_fraction"] for c in columns]),
+                           np.stack([c["ewma_reset"] for c in columns]))}
+
+
+def ring_metrics(scale: Scale, active, resets) -> dict:
+    """From per-iteration ρ_active and resets ``[rows, iterations]``: each row's reset rate and mean
+    ρ_active over the iterations with a full ring (:func:`fresh_rl.llm.old_logits_verdicts.full_ring`),
+    and the two histories."""
+    active, resets = np.asarray(active), np.asarray(resets)
+    full = full_ring(scale.window, active.shape[1])
+    return {"reset_rate": resets[:, full].mean(1), "active_fraction": active[:, full].mean(1),
+            "active_history": active, "reset_history": resets}
 
 
 def agreement_before_reset(reset: dict, no_reset: dict) -> list[tuple[int, int, float]]:
