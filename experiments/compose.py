@@ -41,6 +41,7 @@ import numpy as np
 from fresh_rl.control import HyperParams, ReplaySettings, TrainConfig, train
 from fresh_rl.eval import eval_final_score, seed_interval
 from fresh_rl.lag import DelayConfig
+from fresh_rl.presets import Preset, named
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_atomic
 from fresh_rl.sweep import saved_arrays
 from fresh_rl.sweep.keys import seed_keys
@@ -58,7 +59,7 @@ FIRST_SEED = 100
 
 
 @dataclasses.dataclass(frozen=True)
-class Scale:
+class Scale(Preset):
     """One scale: the task's TrainConfig (without the arm's seams), the seeds and the buffer's
     drift snapshots (every ``drift_every`` iterations, in the arms with a buffer)."""
 
@@ -79,11 +80,11 @@ def _base(env_name: str, total_env_steps: int, num_envs: int, rollout_length: in
                               age_decay_tau=buffer_iterations / 2))
 
 
-SCALES = {
+SCALES = named({
     "ci": Scale(_base("CartPole-v1", 8 * 16 * 6, 8, 16, 3, 2, 4), num_seeds=2, drift_every=3),
     "cpu": Scale(_base("CartPole-v1", 16 * 64 * 98, 16, 64, 7, 16, 16), num_seeds=10, drift_every=14),
     "cpu_acrobot": Scale(_base("Acrobot-v1", 16 * 64 * 98, 16, 64, 7, 16, 16), num_seeds=10, drift_every=14),
-}
+})
 
 
 def arm_config(scale: Scale, arm: str) -> TrainConfig:
@@ -136,9 +137,8 @@ def _figure(runs: dict, out: Path, task: str) -> None:
     plt.close(fig)
 
 
-def run(scale_name: str, out: Path, seed: int, fresh: bool) -> str:
+def run(scale: Scale, out: Path, seed: int, fresh: bool) -> str:
     """Run every arm not saved yet, then write runs.json, the figure and the README."""
-    scale = SCALES[scale_name]
     seeds = [FIRST_SEED + seed + i for i in range(scale.num_seeds)]
     (out / "runs").mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -153,10 +153,10 @@ def run(scale_name: str, out: Path, seed: int, fresh: bool) -> str:
                    **{k: [float(v) for v in r[k]] for k in ("final_eval_return", "lag_tv", "ewma_reset_rate",
                                                             "forward_tv", "replayed_ess") if k in r},
                    **ARMS[arm]} for arm, r in runs.items()}
-    write_atomic(out / "runs.json", json.dumps({"scale": scale_name, "task": scale.base.env_name, "arms": table,
+    write_atomic(out / "runs.json", json.dumps({"scale": scale.label, "task": scale.base.env_name, "arms": table,
                                                 "provenance": info}, indent=1) + "\n")
     _figure(runs, out, scale.base.env_name)
-    readme = _readme(scale_name, scale.base.env_name, table, info)
+    readme = _readme(scale.label, scale.base.env_name, table, info)
     write_atomic(out / "README.md", readme)
     return readme
 

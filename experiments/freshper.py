@@ -53,7 +53,7 @@ from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.provenance import provenance, write_csv
 from fresh_rl.sweep.checkpoint import RunCheckpointer
 from fresh_rl.sweep.integrity import tree_checksum
-from fresh_rl.sweep.study_cli import NO_CHECKED, start_study
+from fresh_rl.sweep.study_cli import NO_CHECKED, add_preset_arguments, chosen_preset, start_study
 
 Scale = FreshPERScale
 # npz runs written before the metric renames load under the current names
@@ -207,7 +207,7 @@ def plot(curves, taus, ess_rows, scale: Scale, out: str) -> None:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=NO_CHECKED)
-    parser.add_argument("--scale", choices=sorted(SCALES), default="ci")
+    add_preset_arguments(parser, SCALES, default="ci")
     parser.add_argument("--out", default=None, help="output folder (default results/freshper[_<scale>])")
     parser.add_argument("--checkpoint", default=None,
                         help="initial parameters (default: the tiny warm start)")
@@ -218,7 +218,7 @@ def main(argv=None):
                         help="comma-separated subset of the scale's methods")
     add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
-    scale = SCALES[args.scale]
+    scale = chosen_preset(parser, args, SCALES)
     tasks = scale.tasks if args.tasks is None else tuple(args.tasks.split(","))
     methods = [m for m, _ in scale.methods] if args.methods is None else args.methods.split(",")
     unknown = sorted(set(tasks) - set(BPE_TASKS)) + sorted(set(methods) - dict(scale.methods).keys())
@@ -228,7 +228,7 @@ def main(argv=None):
     out = args.out or str(RESULTS / ("freshper" if args.scale == "cpu"
                                      else f"freshper_{args.scale.replace('-', '_')}"))
     # --tasks and --methods run parts of the same study: not part of its identity
-    identity = {"study": "freshper", "scale": args.scale, "model": args.model, "checkpoint": args.checkpoint}
+    identity = {"study": "freshper", "scale": scale.label, "model": args.model, "checkpoint": args.checkpoint}
     start_study(parser, args, identity, out, argv, hint="choose another --out")
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
     start, started = time.time(), time.perf_counter()
@@ -274,7 +274,7 @@ def main(argv=None):
                       started=started)
     wall = info["wall_seconds"]
     with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump({"scale": args.scale, **info,
+        json.dump({"scale": scale.label, **info,
                    "scale_config": dataclasses.asdict(scale), "tasks": {
                        k: {"class": type(v).__name__, **dataclasses.asdict(v)}
                        for k, v in envs.items() if k in scale.tasks}},

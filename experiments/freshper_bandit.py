@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from fresh_rl.lag import fit_ess_time_constant
+from fresh_rl.presets import Preset, named
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
 from fresh_rl.report import histogram_mean, interval, plot_score_vs_tau, position_on_grid
 from fresh_rl.sweep import output_lock, product_grid, run_stage
@@ -57,7 +58,7 @@ CONTROLS = ("onpolicy", "onpolicy_epochs", "uniform", "per_authors")
 
 
 @dataclasses.dataclass(frozen=True)
-class Scale:
+class Scale(Preset):
     bed: BedConfig
     learning_rates: tuple[float, ...]
     tuning_seeds: int
@@ -65,7 +66,7 @@ class Scale:
     taus: tuple[float, ...]
 
 
-SCALES = {
+SCALES = named({
     "ci": Scale(BedConfig(batch_size=16, num_iterations=40, extra_updates=2, buffer_iterations=32,
                           log_every=10), (0.03, 0.1), 1, 2, (1.0, 3.0)),
     "cpu": Scale(BedConfig(batch_size=32, num_iterations=1200, extra_updates=2,
@@ -74,7 +75,7 @@ SCALES = {
     "paper": Scale(BedConfig(batch_size=64, num_iterations=3000, extra_updates=2,
                              buffer_iterations=2000, log_every=50), (0.001, 0.003, 0.01), 10, 30,
                    (1.0, 3.0, 10.0, 30.0, 100.0)),
-}
+})
 PILOT_KEEP = ("expected_reward", "ess_by_age", "ess_step_by_age", "kl_by_age")
 RUN_KEEP = ("expected_reward", "extra_update_cosine", "sampled_age_counts", "num_updates",
             "adam_count")
@@ -340,9 +341,8 @@ def write_outputs(scale: Scale, pilot: dict, tuning: dict, grid, out, out_dir: P
     return "\n".join(text)
 
 
-def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
+def run(scale: Scale, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
     started = time.perf_counter()
-    scale = SCALES[scale_name]
     out_dir = Path(out_dir)
     with output_lock(out_dir):
         pilot = drift_pilot(scale, out_dir, seed)
@@ -352,7 +352,7 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
         grid, out, scoring_seconds = score(scale, tuning["picked"], out_dir, seed, log)
         header = provenance(started=started)
         (out_dir / "config.json").write_text(json.dumps(
-            {"scale": scale_name, "seed": seed, "bed": dataclasses.asdict(scale.bed),
+            {"scale": scale.label, "seed": seed, "bed": dataclasses.asdict(scale.bed),
              "learning_rates": list(scale.learning_rates), "tuning_seeds": scale.tuning_seeds,
              "scoring_seeds": scale.scoring_seeds, "taus": list(scale.taus),
              "arms": {a: [m, t if math.isfinite(t) else "inf"] for a, (m, t) in arms(scale).items()},

@@ -395,9 +395,9 @@ def _readme(scale, results, final_rows, verdict_rows, norm_rows, short_rows, out
     return "\n".join(text)
 
 
-def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
+def run(scale: Scale, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
     started = time.perf_counter()
-    scale, out_dir = SCALES[scale_name], Path(out_dir)
+    out_dir = Path(out_dir)
     with output_lock(out_dir):
         results, batch_normalized, short_tau = {}, {}, {}
         for config in scale.configs:
@@ -412,7 +412,7 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
             short_tau[env] = short_tau_stage(config, scale, out_dir, seed, log)
         header = provenance(started=started)
         (out_dir / "config.json").write_text(json.dumps(
-            {"scale": scale_name, "seed": seed, "num_seeds": scale.num_seeds,
+            {"scale": scale.label, "seed": seed, "num_seeds": scale.num_seeds,
              "learning_rates": list(scale.learning_rates),
              "configs": {env: repr(r[0]) for env, r in results.items()},
              "tau_fit": {env: {str(lr): d["tau_fit"] for lr, d in r[1].items()}

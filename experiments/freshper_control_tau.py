@@ -41,6 +41,7 @@ from fresh_rl.control.hyperparams import replay_grid
 from fresh_rl.control.train import train
 from fresh_rl.eval import eval_mean_score
 from fresh_rl.lag import fit_ess_time_constant
+from fresh_rl.presets import Preset, named
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
 from fresh_rl.replay.methods import replay_hparams
 from fresh_rl.report import histogram_mean, interval, interval_text, plot_score_vs_tau, position_on_grid
@@ -53,7 +54,7 @@ KEEP = ("eval/return_deterministic", "eval/valid", "drift/ess", "drift/ess_row",
 
 
 @dataclasses.dataclass(frozen=True)
-class Scale:
+class Scale(Preset):
     configs: tuple[TrainConfig, ...]
     learning_rates: tuple[float, ...]
     tuning_seeds: int
@@ -69,11 +70,11 @@ def _config(env_name, envs, steps, iterations, buffer, every, episodes) -> Train
                        replay=ReplaySettings(extra_updates=2, buffer_iterations=buffer, drift_every=every))
 
 
-SCALES = {
+SCALES = named({
     "ci": Scale((_config("CartPole-v1", 4, 16, 20, 8, 5, 2),), (1e-3, 3e-3), 1, 2, (1.0, 3.0)),
     "cpu": Scale(tuple(_config(env, 8, 64, 400, 300, 25, 8) for env in ("CartPole-v1", "Acrobot-v1")),
                  (1e-3, 3e-3, 1e-2), 5, 10, (1.0, 3.0, 10.0, 30.0, 100.0)),
-}
+})
 
 
 def arms(scale: Scale) -> dict[str, tuple[str, float]]:
@@ -259,8 +260,8 @@ def write_readme(scale: Scale, results: dict, t: dict, out_dir: Path, header: di
     return "\n".join(text)
 
 
-def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
-    started, scale, out_dir = time.perf_counter(), SCALES[scale_name], Path(out_dir)
+def run(scale: Scale, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
+    started, out_dir = time.perf_counter(), Path(out_dir)
     with output_lock(out_dir):
         results = {c.env_name: run_task(c, scale, out_dir, seed) for c in scale.configs}
         t = tables(scale, results)
@@ -268,7 +269,7 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
             write_csv(out_dir / f"{name}.csv", rows)
         header = {**provenance(started=started), "seed": seed}
         (out_dir / "config.json").write_text(json.dumps(
-            {"scale": scale_name, "configs": [repr(c) for c in scale.configs],
+            {"scale": scale.label, "configs": [repr(c) for c in scale.configs],
              "learning_rates": scale.learning_rates, "tuning_seeds": scale.tuning_seeds,
              "scoring_seeds": scale.scoring_seeds, "taus": scale.taus,
              "picked_learning_rates": {env: r["picked"] for env, r in results.items()}, **header}, indent=1) + "\n")

@@ -35,7 +35,7 @@ from fresh_rl.lag import fit_ess_time_constant
 from fresh_rl.llm import replay_trainer as rt
 from fresh_rl.llm.checkpoint import load_hf_model
 from fresh_rl.llm.evaluation import EVAL_SEED, EvalTask, make_evaluator
-from fresh_rl.llm.presets import BPE_TASKS, FRESHPER_SCALES, RESULTS, SYNC
+from fresh_rl.llm.presets import BPE_TASKS, FRESHPER_SCALES, RESULTS, SYNC, FreshPERScale
 from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.provenance import provenance, provenance_line, write_csv
 from fresh_rl.report import interval, interval_text, position_on_grid
@@ -177,12 +177,12 @@ def write_readme(scale, arms: dict, t: dict, out: Path, header: dict) -> str:
     return "\n".join(text)
 
 
-def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
-    started, scale, out = time.perf_counter(), SCALES[scale_name], Path(out_dir)
+def run(scale: FreshPERScale, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
+    started, out = time.perf_counter(), Path(out_dir)
     if seed != 0:
         raise ValueError("--seed: this study's seeds are the scale's 0 … seeds − 1")
     if not Path(scale.model, "config.json").is_file():
-        raise SystemExit(f"--scale {scale_name}: no Hugging Face model folder at {scale.model} (config.json "
+        raise SystemExit(f"--scale {scale.label}: no Hugging Face model folder at {scale.model} (config.json "
                          "missing); put the model there first")
     model_config, params, vocab = load_hf_model(scale.model)
     env = with_vocab(BPE_TASKS[TASK], vocab)
@@ -192,7 +192,7 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
         for name, rows in t.items():
             write_csv(out / f"{name}.csv", rows)
         header = provenance(started=started)
-        (out / "config.json").write_text(json.dumps({"scale": scale_name, "scale_config": repr(scale), **header},
+        (out / "config.json").write_text(json.dumps({"scale": scale.label, "scale_config": repr(scale), **header},
                                                     indent=1) + "\n")
         return write_readme(scale, arms, t, out, header)
 

@@ -45,13 +45,13 @@ from fresh_rl.compilation_cache import add_compilation_cache_flag
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm.checkpoint import add_model_flag, load_hf_model
 from fresh_rl.llm.evaluation import EvalTask, evaluate_policies
-from fresh_rl.llm.presets import BPE_TASKS, RESULTS, RL_GAIN_SCALES, RLGainScale, rl_gain_pipeline
+from fresh_rl.llm.presets import BPE_TASKS, RESULTS, RL_GAIN_SCALES as SCALES, RLGainScale, rl_gain_pipeline
 from fresh_rl.llm.rl_gain import SETTING, fingerprint, load_record, run_name, summarize
 from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.provenance import provenance, write_csv
 from fresh_rl.sweep.checkpoint import RunCheckpointer
 from fresh_rl.sweep.integrity import tree_checksum
-from fresh_rl.sweep.study_cli import NO_CHECKED, start_study
+from fresh_rl.sweep.study_cli import NO_CHECKED, add_preset_arguments, chosen_preset, start_study
 
 
 def success_of(scale: RLGainScale, env, model_config, params) -> dict[str, float]:
@@ -165,7 +165,7 @@ def rows_of(record: dict) -> int:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=NO_CHECKED)
-    parser.add_argument("--scale", choices=sorted(RL_GAIN_SCALES), default="ci")
+    add_preset_arguments(parser, SCALES, default="ci")
     add_model_flag(parser)
     parser.add_argument("--task", action="append", choices=sorted(BPE_TASKS),
                         help="run only these tasks (repeatable; default: the scale's)")
@@ -189,7 +189,7 @@ def main(argv=None):
                         help="run nothing: rewrite the tables from the saved runs")
     add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
-    scale = RL_GAIN_SCALES[args.scale]
+    scale = chosen_preset(parser, args, SCALES)
     rl = dataclasses.replace(scale.rl, **{k: v for k, v in (("learning_rate", args.lr), ("epochs", args.epochs),
                                                             ("minibatches", args.minibatches),
                                                             ("num_groups", args.groups),
@@ -205,7 +205,7 @@ def main(argv=None):
     out = args.out or str(RESULTS / ("llm_rl_gain_ci" if args.scale == "ci" else "llm_rl_gain"))
     # the probe cells' settings (--task, --lr, ..., --seeds) share one folder by design, each saved
     # run fingerprinted on its own: the folder's identity is the scale and --model (None: the scale's)
-    start_study(parser, args, {"study": "llm_rl_gain", "scale": args.scale, "model": args.model}, out, argv,
+    start_study(parser, args, {"study": "llm_rl_gain", "scale": scale.label, "model": args.model}, out, argv,
                 hint="choose another --out")
     os.makedirs(out, exist_ok=True)
     started = time.perf_counter()
@@ -239,7 +239,7 @@ def main(argv=None):
     info = provenance(command=" ".join(["python experiments/llm_rl_gain.py"]
                                        + list(argv if argv is not None else sys.argv[1:])), started=started)
     with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump({**info, "scale": args.scale, "model": scale.model, "rl": repr(scale.rl),
+        json.dump({**info, "scale": scale.label, "model": scale.model, "rl": repr(scale.rl),
                    "iterations": scale.iterations, "seeds": scale.seeds, "eval_episodes": scale.eval_episodes,
                    "tasks": {t: repr(BPE_TASKS[t]) for t in scale.tasks}}, f, indent=1)
     for r in rows:

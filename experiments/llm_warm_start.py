@@ -61,24 +61,33 @@ from fresh_rl.llm.tasks.vocab import TaskVocab, check_model_vocab, with_vocab
 from fresh_rl.llm.warm_start import (WarmStartConfig, evaluate, make_task_metrics,
                                      make_optimizer, restore_params, save_params,
                                      select_checkpoint, warm_start)
+from fresh_rl.presets import Preset, named
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
 from fresh_rl.sweep.checkpoint import RunCheckpointer, RunIdentityError
 from fresh_rl.sweep.keys import seed_key, split_run_key
 from fresh_rl.sweep.study_cli import NO_CHECKED, start_study
 
+
+@dataclasses.dataclass(frozen=True)
+class WarmStartScale(Preset):
+    """A scale of the character-level warm start: its training settings."""
+
+    warm_start: WarmStartConfig
+
+
 # Task settings, cycle and specialisation: fresh_rl.llm.presets (shared with the RL experiments).
-SCALES = {
-    "ci": WarmStartConfig(steps=24, batch_size=8, warmup_steps=4, eval_episodes=16),
-    "cpu": WarmStartConfig(steps=600, batch_size=16, warmup_steps=20, eval_episodes=128),
-    "paper": WarmStartConfig(steps=4000, batch_size=64, warmup_steps=100, eval_episodes=512),
-}
+CHAR_SCALES = named({
+    "ci": WarmStartScale(WarmStartConfig(steps=24, batch_size=8, warmup_steps=4, eval_episodes=16)),
+    "cpu": WarmStartScale(WarmStartConfig(steps=600, batch_size=16, warmup_steps=20, eval_episodes=128)),
+    "paper": WarmStartScale(WarmStartConfig(steps=4000, batch_size=64, warmup_steps=100, eval_episodes=512)),
+})
 
 
 BPE_TOKENIZER = str(REPOSITORY_ROOT / "tests" / "fixtures" / "qwen2_bpe_tiny")
 
 
 @dataclasses.dataclass(frozen=True)
-class BpeScale:
+class BpeScale(Preset):
     """A scale of the BPE warm start: the model (a preset name or a config) trained from
     scratch on presets.BPE_TASKS in the tokenizer of ``tokenizer``, evaluated (and
     checkpointed) ``evals`` times, every ``warm_start.steps // evals`` steps."""
@@ -107,7 +116,7 @@ class BpeScale:
         return tuple(name for name in BPE_CYCLE if name in self.task_names)
 
 
-BPE_SCALES = {
+BPE_SCALES = named({
     # Sized by measurement (results/llm_warm_start_bpe/sizing.md): ~1.0 s per step of the
     # BPE_CYCLE mix at batch 16 on the 2 shared cores, ~40-80 s per evaluation of the 5 tasks
     # (lr 2e-3 learned every task more slowly per step than 1e-3 in a partial run).
@@ -118,10 +127,11 @@ BPE_SCALES = {
                                    num_key_value_heads=1, max_position_embeddings=1024),
                        WarmStartConfig(steps=4, batch_size=2, warmup_steps=1, eval_episodes=2),
                        evals=2, tasks=("arithmetic",)),  # one task: compiles in seconds
-}
+})
 # The success band the chosen checkpoint should lie in at temperature 1 (the target
 # "roughly 0.2-0.5 on each task, not saturated"); the rule: warm_start.select_checkpoint.
 BAND = (0.2, 0.5)
+SCALES = {**CHAR_SCALES, **BPE_SCALES}  # what --scale chooses from (fresh-rl presets lists them)
 
 
 def default_out(scale_name: str | None, specialize_task: str | None) -> str:
@@ -136,7 +146,7 @@ def default_out(scale_name: str | None, specialize_task: str | None) -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=NO_CHECKED)
-    parser.add_argument("--scale", choices=sorted(SCALES) + sorted(BPE_SCALES), default="ci")
+    parser.add_argument("--scale", choices=sorted(CHAR_SCALES) + sorted(BPE_SCALES), default="ci")
     parser.add_argument("--fresh", action="store_true",
                         help="take over an --out made by another run; bpe scales: also ignore (delete) the "
                              "saved training state and start over")
@@ -165,7 +175,7 @@ def main(argv=None):
                               stop_after=args.stop_after)
     model_config, params, tasks = load_model(args.model)
     os.makedirs(out, exist_ok=True)
-    config = SCALES[args.scale]
+    config = CHAR_SCALES[args.scale].warm_start
     start, started = time.time(), time.perf_counter()
     key_train, key_eval = split_run_key(seed_key(args.seed))
     params, history = warm_start(model_config, tasks, config, key_train, params=params,

@@ -74,7 +74,7 @@ from fresh_rl.provenance import provenance, write_csv
 from fresh_rl.sweep.checkpoint import RunCheckpointer
 from fresh_rl.sweep.integrity import tree_checksum
 from fresh_rl.sweep.keys import seed_key, split_run_key, step_key
-from fresh_rl.sweep.study_cli import NO_CHECKED, start_study
+from fresh_rl.sweep.study_cli import NO_CHECKED, add_preset_arguments, chosen_preset, start_study
 
 Scale = OldLogitsScale
 CURVE_METRICS = ("success_rate", "active_token_fraction", "abs_log_rd_mean")
@@ -352,7 +352,7 @@ def overhead_markdown(rows: list[dict]) -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=NO_CHECKED)
-    parser.add_argument("--scale", choices=sorted(SCALES), default="ci")
+    add_preset_arguments(parser, SCALES, default="ci")
     parser.add_argument("--out", default=None,
                         help="output folder (default results/old_logits, or results/old_logits_<scale>)")
     parser.add_argument("--checkpoint", default=None,
@@ -373,14 +373,14 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.max_runs is not None and not (args.max_runs >= 1 or (args.max_runs == 0 and args.resume)):
         parser.error(f"--max-runs must be >= 1 (or 0 with --resume: only the tables), got {args.max_runs}")
-    scale = SCALES[args.scale]
+    scale = chosen_preset(parser, args, SCALES)
     if args.prompt_pool_seed is not None:
         scale = dataclasses.replace(scale, rl=dataclasses.replace(
             scale.rl, prompt_pool_seed=args.prompt_pool_seed))
     out = args.out or str(RESULTS / ("old_logits" if args.scale in ("cpu", "paper")
                                      else f"old_logits_{args.scale.replace('-', '_')}"))
     # --resume, --max-runs (chunks of one grid) and --overhead-only (re-timing) are not part of it
-    identity = {"study": "old_logits", "scale": args.scale, "model": args.model, "checkpoint": args.checkpoint,
+    identity = {"study": "old_logits", "scale": scale.label, "model": args.model, "checkpoint": args.checkpoint,
                 "prompt_pool_seed": args.prompt_pool_seed}
     start_study(parser, args, identity, out, argv, hint="choose another --out")
     os.makedirs(os.path.join(out, "runs"), exist_ok=True)
@@ -458,7 +458,7 @@ def main(argv=None):
                       started=started)
     wall = info["wall_seconds"]
     with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump({"scale": args.scale, **info,
+        json.dump({"scale": scale.label, **info,
                    **{k: (dataclasses.asdict(v) if dataclasses.is_dataclass(v) else v)
                       for k, v in dataclasses.asdict(scale).items()}},
                   f, indent=1, default=str)

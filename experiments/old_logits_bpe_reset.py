@@ -43,6 +43,7 @@ from fresh_rl.llm.hparams import LLMHyperParams
 from fresh_rl.llm.old_logits_verdicts import full_ring
 from fresh_rl.llm.presets import OLD_LOGITS_SCALES, RESULTS
 from fresh_rl.llm.tasks.vocab import with_vocab
+from fresh_rl.presets import Preset, named
 from fresh_rl.provenance import provenance, provenance_line, write_csv
 from fresh_rl.report import interval, interval_text
 from fresh_rl.sweep import output_lock, saved_arrays
@@ -54,7 +55,7 @@ TARGET_RESET_RATE = 0.2  # our choice: inside the 5–50% gate, a reset every ~5
 
 
 @dataclasses.dataclass(frozen=True)
-class Scale:
+class Scale(Preset):
     bed: object  # the OldLogitsScale whose settings every run uses
     window: int
     thresholds: tuple[float, ...]
@@ -63,13 +64,13 @@ class Scale:
     no_reset_runs: Path | None = None  # committed single-seed runs of ewma_no_reset on this bed, or run them
 
 
-SCALES = {
+SCALES = named({
     # thresholds around the no-reset ρ_active quantiles of the committed W = 16 runs (5%: 0.982,
     # 20%: 0.989, 50%: 0.994); calibrated on seeds 5–6, scored on the bpe grid's seeds 0–4
     "bpe": Scale(OLD_LOGITS_SCALES["bpe"], 16, (0.985, 0.99, 0.995), (5, 6), (0, 1, 2, 3, 4),
                  no_reset_runs=RESULTS / "old_logits_bpe" / "runs"),
     "ci": Scale(dataclasses.replace(OLD_LOGITS_SCALES["bpe-ci"], eval_episodes=8), 1, (0.5, 0.999), (1,), (0,)),
-}
+})
 
 
 def run_rows(scale: Scale, bed, route: str, rows: list[tuple[float, int]], name: str, params, model_config,
@@ -150,8 +151,8 @@ def table(route: str, data: dict) -> list[dict]:
                                          data["success_training"], data["success_held_out"])]
 
 
-def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
-    started, scale, out = time.perf_counter(), SCALES[scale_name], Path(out_dir)
+def run(scale: Scale, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
+    started, out = time.perf_counter(), Path(out_dir)
     if seed != 0:
         raise ValueError("--seed: this study's seeds are the scale's calibration and scoring seeds")
     model_config, params, vocab = load_hf_model(scale.bed.model)
@@ -173,7 +174,7 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
         write_csv(out / "calibration.csv", calibration)
         write_csv(out / "runs.csv", runs)
         header = provenance(started=started)
-        (out / "config.json").write_text(json.dumps({"scale": scale_name, "scale_config": repr(scale),
+        (out / "config.json").write_text(json.dumps({"scale": scale.label, "scale_config": repr(scale),
                                                      "threshold": threshold, **header}, indent=1, default=str) + "\n")
         by = {route: sorted((r for r in runs if r["route"] == route), key=lambda r: r["seed"])
               for route in ("ewma", "ewma_no_reset")}

@@ -385,9 +385,9 @@ def _readme(scale, summary_rows, reset_rows, costs, out_dir: Path, header: dict)
     return "\n".join(text)
 
 
-def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
+def run(scale: Scale, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
     started = time.perf_counter()
-    scale, out_dir = SCALES[scale_name], Path(out_dir)
+    out_dir = Path(out_dir)
     with output_lock(out_dir):
         results = {}
         for task in scale.tasks:
@@ -398,9 +398,9 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
                     cells = run_cell(scale, task, window, out_dir, seed, log, slow_reference=True)
                     results.update({(task.env_name, window, route + SLOW): data for route, data in cells.items()})
         costs = measure_costs(scale, out_dir, seed, log)
-        header = {"scale": scale_name, **provenance(started=started)}
+        header = {"scale": scale.label, **provenance(started=started)}
         (out_dir / "config.json").write_text(json.dumps(
-            {"scale": scale_name, "seed": seed, "num_seeds": scale.num_seeds,
+            {"scale": scale.label, "seed": seed, "num_seeds": scale.num_seeds,
              "windows": list(scale.windows), "learning_rates": list(scale.learning_rates),
              "thresholds": list(scale.thresholds),
              "configs": {t.env_name: repr(route_config(t, max(scale.windows))) for t in scale.tasks},

@@ -38,6 +38,7 @@ from fresh_rl.control.train import train
 from fresh_rl.eval import eval_mean_score
 from fresh_rl.eval.route_claims import FACTORIAL_ARMS, FACTORIAL_CONTRASTS, factorial_effects
 from fresh_rl.lag import DelayConfig
+from fresh_rl.presets import Preset, named
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
 from fresh_rl.report import interval, interval_text
 from fresh_rl.sweep import output_lock, run_stage
@@ -54,7 +55,7 @@ SETTINGS = {"fixed4": DelayConfig.fixed(4, 5), "fixed16": DelayConfig.fixed(16, 
 
 
 @dataclasses.dataclass(frozen=True)
-class Scale:
+class Scale(Preset):
     tasks: tuple[TrainConfig, ...]
     settings: tuple[str, ...]
     learning_rates: tuple[float, ...]
@@ -72,11 +73,11 @@ def _task(env, envs, steps, iterations, every, episodes) -> TrainConfig:
                        decoupled_mis=DEFAULT_MIS, tis_cap=None, ewma_beta_rule="mean_age")
 
 
-SCALES = {
+SCALES = named({
     "ci": Scale((_task("CartPole-v1", 4, 16, 12, 6, 2),), ("fixed4",), (1e-3, 3e-3), (0.5, 0.9), 1, 2, 4),
     "cpu": Scale(tuple(_task(env, 8, 64, 250, 25, 8) for env in ("CartPole-v1", "Acrobot-v1")),
                  tuple(SETTINGS), (3e-4, 1e-3, 3e-3), (0.4, 0.5, 0.6, 0.7, 0.8, 0.9), 5, 10, 15),
-}
+})
 
 
 def _train_kept(config, key, hp):
@@ -253,8 +254,8 @@ def write_readme(scale: Scale, results: list[dict], t: dict, out_dir: Path, head
     return "\n".join(text)
 
 
-def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
-    started, scale, out_dir = time.perf_counter(), SCALES[scale_name], Path(out_dir)
+def run(scale: Scale, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
+    started, out_dir = time.perf_counter(), Path(out_dir)
     with output_lock(out_dir):
         results = [run_cell(task, setting, scale, out_dir, seed) for task in scale.tasks for setting in scale.settings]
         t = {name: [r for res in results for r in res[name]] for name in ("runs", "tuning", "calibration")}
@@ -264,7 +265,7 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
         figures(t, out_dir)
         header = {**provenance(started=started), "seed": seed}
         (out_dir / "config.json").write_text(json.dumps(
-            {"scale": scale_name, "scale_config": repr(scale), **header}, indent=1) + "\n")
+            {"scale": scale.label, "scale_config": repr(scale), **header}, indent=1) + "\n")
         return write_readme(scale, results, t, out_dir, header)
 
 

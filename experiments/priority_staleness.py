@@ -31,16 +31,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag
+from fresh_rl.presets import Preset, named
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
 from fresh_rl.replay import ReplayConfig, magnitude_priority, make_trajectory_buffer
 from fresh_rl.sweep import product_grid, run_sharded, to_host
-from fresh_rl.sweep.study_cli import NO_CHECKED, start_study
+from fresh_rl.sweep.study_cli import NO_CHECKED, add_preset_arguments, chosen_preset, start_study
 
 RESULTS = REPOSITORY_ROOT / "results" / "freshper"
 
 
 @dataclasses.dataclass(frozen=True)
-class StalenessConfig:
+class StalenessConfig(Preset):
     """One simulated stream.
 
     Attributes:
@@ -67,12 +68,12 @@ class StalenessConfig:
     num_seeds: int = 5
 
 
-SCALES = {
+SCALES = named({
     # The buffer holds 256 versions, longer than τ = 100, so the decay is visible at ci scale.
     "ci": StalenessConfig(num_versions=300, insert_batch=16, sample_batch=16, capacity=4096,
                           reward_scale_decay=100.0, num_seeds=3),
     "cpu": StalenessConfig(num_versions=2000, insert_batch=64, sample_batch=64, capacity=50_000),
-}
+})
 SAMPLERS = {
     "uniform": dict(sampling="uniform"),
     "PER": dict(sampling="per"),
@@ -180,14 +181,14 @@ def write_outputs(results, config: StalenessConfig, seed: int, out: Path, info: 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=NO_CHECKED)
-    parser.add_argument("--scale", choices=sorted(SCALES), default="cpu")
+    add_preset_arguments(parser, SCALES, default="cpu")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--fresh", action="store_true", help="take over an --out folder made by another scale or seed")
     add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
-    config = SCALES[args.scale]
-    identity = {"study": "priority_staleness", "scale": args.scale, "seed": args.seed}
+    config = chosen_preset(parser, args, SCALES)
+    identity = {"study": "priority_staleness", "scale": config.label, "seed": args.seed}
     # its own record: the default folder is results/freshper, shared with experiments/freshper.py
     start_study(parser, args, identity, args.out, argv, fresh=args.fresh, record="priority_staleness.run.json")
     start = time.perf_counter()

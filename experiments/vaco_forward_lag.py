@@ -39,6 +39,7 @@ from fresh_rl.control.train import train
 from fresh_rl.corrections import PPOClipConfig, SPOConfig
 from fresh_rl.eval import eval_mean_score
 from fresh_rl.lag import DelayConfig
+from fresh_rl.presets import Preset, named
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_csv
 from fresh_rl.report import interval, interval_text
 from fresh_rl.sweep import output_lock, run_stage
@@ -61,7 +62,7 @@ KEEP = ("eval/return_deterministic", "eval/valid", "lag/tv", "lag/forward_tv", "
 
 
 @dataclasses.dataclass(frozen=True)
-class Scale:
+class Scale(Preset):
     tasks: tuple[TrainConfig, ...]  # per task: everything but the method, its knob, M and the delay
     lags: tuple[int, ...]  # fixed backward lags (the middle one is the tuning cell's)
     mixture_mean: float
@@ -85,7 +86,7 @@ def _task(env, envs, steps, iterations, every, episodes, **overrides) -> TrainCo
                        **overrides)
 
 
-SCALES = {
+SCALES = named({
     "ci": Scale((_task("CartPole-v1", 8, 16, 12, 6, 2, normalize_obs=True),), (0, 2), 2.0, (4,), 2,
                 (1e-3,), 1, 2, 6, knobs=(("ppo_clip", (0.2,)), ("vaco", (0.1, 0.2)))),
     "cpu": Scale((_task("CartPole-v1", 8, 64, 200, 20, 8, normalize_obs=True),
@@ -93,7 +94,7 @@ SCALES = {
                   _task("Breakout-MinAtar", 8, 64, 200, 20, 8, normalize_obs=False, hidden_sizes=(64,),
                         entropy_coef=0.01)),
                  (0, 4, 16), 4.0, (4, 16, 64), 16, (3e-4, 1e-3, 3e-3), 5, 10, 15),
-}
+})
 
 
 def config_for(task: TrainConfig, scale: Scale, method: str, knob: float, updates: int, delay: str) -> TrainConfig:
@@ -240,8 +241,8 @@ def write_readme(scale: Scale, t: dict, picks: dict, seconds: float, out_dir: Pa
     return "\n".join(text)
 
 
-def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
-    started, scale, out_dir = time.perf_counter(), SCALES[scale_name], Path(out_dir)
+def run(scale: Scale, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
+    started, out_dir = time.perf_counter(), Path(out_dir)
     with output_lock(out_dir):
         t, picks = {"tuning": [], "runs": []}, {}
         for task in scale.tasks:
@@ -254,7 +255,7 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
         seconds = sum(float(p.read_text()) for p in (out_dir / "runs").glob("*.seconds"))
         header = {**provenance(started=started), "seed": seed}
         (out_dir / "config.json").write_text(json.dumps(
-            {"scale": scale_name, "scale_config": repr(scale), "picks": {k: {m: list(v) for m, v in p.items()}
+            {"scale": scale.label, "scale_config": repr(scale), "picks": {k: {m: list(v) for m, v in p.items()}
                                                                         for k, p in picks.items()}, **header},
             indent=1, default=str) + "\n")
         return write_readme(scale, t, picks, seconds, out_dir, header)

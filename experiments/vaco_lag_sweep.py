@@ -60,14 +60,14 @@ from typing import Optional
 import numpy as np
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag
-from fresh_rl.control.presets import (ABLATIONS, KEY_SCHEDULE, SWEPT_BASELINES, VACO_SCALES, Scale, best_at_first_lag,
+from fresh_rl.control.presets import (ABLATIONS, KEY_SCHEDULE, VACO_SCALES as SCALES, SWEPT_BASELINES, Scale, best_at_first_lag,
                                       headline_index, VACO_VARIANTS, lag_name, run_study_variant, saved_run_matches, study_variants,
                                       variant_config)
 from fresh_rl.eval import (AGGREGATE_METRICS, aggregate_intervals, eval_area_under_curve, eval_final_score,
                            eval_first_score, eval_initial_score, final_score, improvement_intervals, initial_score,
                            seed_interval)
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance
-from fresh_rl.sweep.study_cli import start_study
+from fresh_rl.sweep.study_cli import add_preset_arguments, chosen_preset, start_study
 from fresh_rl.validation import CHECKED_HELP
 
 RESULTS = REPOSITORY_ROOT / "results" / "vaco"
@@ -592,7 +592,7 @@ def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, impr
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--scale", choices=tuple(VACO_SCALES), default="ci")
+    add_preset_arguments(parser, SCALES, default="ci")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bootstrap-reps", type=int, default=2000,
@@ -603,11 +603,11 @@ def main(argv=None):
     add_compilation_cache_flag(parser)
     parser.add_argument("--checked", action="store_true", help=CHECKED_HELP)
     args = parser.parse_args(argv)
-    scale = VACO_SCALES[args.scale]
+    scale = chosen_preset(parser, args, SCALES)
     if args.tasks is not None:
         scale = scale.with_tasks(args.tasks.split(","))
     # --tasks runs a subset of the same study (chunks) and --bootstrap-reps only redraws the tables
-    identity = {"study": "vaco_lag_sweep", "scale": args.scale, "seed": args.seed}
+    identity = {"study": "vaco_lag_sweep", "scale": scale.label, "seed": args.seed}
     with start_study(parser, args, identity, args.out, argv, fresh=args.fresh):
         start = time.perf_counter()
         results = run_all(scale, args.out, args.seed, args.fresh)

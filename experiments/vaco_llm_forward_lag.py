@@ -44,6 +44,7 @@ from fresh_rl.llm.checkpoint import load_hf_model
 from fresh_rl.llm.evaluation import evaluate_policies
 from fresh_rl.llm.presets import OLD_LOGITS_SCALES, RESULTS
 from fresh_rl.llm.tasks.vocab import with_vocab
+from fresh_rl.presets import Preset, named
 from fresh_rl.provenance import provenance, provenance_line, write_csv
 from fresh_rl.report import interval, interval_text
 from fresh_rl.sweep import output_lock, saved_arrays
@@ -60,16 +61,16 @@ MEANS = {"masked_fraction": "mask_fraction", "tv_estimate": "tv_filter_estimate"
 
 
 @dataclasses.dataclass(frozen=True)
-class Scale:
+class Scale(Preset):
     bed: object  # the OldLogitsScale whose model, task, RL settings, iterations and evaluation every run uses
     updates: tuple[int, ...]  # M: minibatches per batch, one epoch
     seeds: tuple[int, ...]
 
 
-SCALES = {
+SCALES = named({
     "bpe": Scale(OLD_LOGITS_SCALES["bpe"], (4, 16, 64), (0, 1, 2, 3, 4)),
     "ci": Scale(dataclasses.replace(OLD_LOGITS_SCALES["bpe-ci"], eval_episodes=8), (2, 8), (0, 1)),
-}
+})
 
 
 def run_arm(scale: Scale, bed, method: str, updates: int, params, model_config, out: Path) -> dict:
@@ -118,8 +119,8 @@ def figure(rows: list[dict], updates: tuple[int, ...], path: Path) -> None:
     plt.close(fig)
 
 
-def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
-    started, scale, out = time.perf_counter(), SCALES[scale_name], Path(out_dir)
+def run(scale: Scale, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
+    started, out = time.perf_counter(), Path(out_dir)
     if seed != 0:
         raise ValueError("--seed: this study's seeds are the scale's")
     model_config, params, vocab = load_hf_model(scale.bed.model)
@@ -134,7 +135,7 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
         write_csv(out / "runs.csv", rows)
         figure(rows, scale.updates, out / "success_vs_updates.png")
         header = provenance(started=started)
-        (out / "config.json").write_text(json.dumps({"scale": scale_name, "scale_config": repr(scale), **header},
+        (out / "config.json").write_text(json.dumps({"scale": scale.label, "scale_config": repr(scale), **header},
                                                     indent=1, default=str) + "\n")
 
         def cell(method, m, column, digits=3):
@@ -148,7 +149,7 @@ def run(scale_name: str, out_dir: Path, seed: int = 0, fresh: bool = False, log=
         text = [
             "# VACO vs PPO-clip under forward lag, LLM loop (BPE warm start)", "",
             provenance_line(header), "",
-            f"Bed: GRPO on the `{scale_name}` scale's model and task ({bed.rl.num_groups} × {bed.rl.group_size} episodes "
+            f"Bed: GRPO on the `{scale.label}` scale's model and task ({bed.rl.num_groups} × {bed.rl.group_size} episodes "
             f"per iteration from {bed.rl.prompt_pool} training prompts, lr {bed.rl.learning_rate:g}, {bed.iterations} "
             f"iterations, on-policy), M minibatches of one epoch per batch; seeds {list(scale.seeds)}; success of the "
             f"final policy on {bed.eval_episodes} episodes of the training and of held-out prompts. Per run, the "

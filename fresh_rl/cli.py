@@ -6,6 +6,7 @@
     fresh-rl sweep --method vaco --seeds 8 --grid lag=0,4,8 --grid vaco_delta=0.1,0.2 --out runs/grid
     fresh-rl experiment vaco_lag_sweep --scale ci   # experiments/<name>.py (source checkout)
     fresh-rl figures vaco_lag_sweep --scale cpu     # remake figures from saved runs (no recompute)
+    fresh-rl presets [vaco_forward_lag]             # the studies' presets, or one's fields
 
 Config fields become ``--name value`` options; nested configs use dotted names
 (``--vaco.delta``, ``--ppo_clip.epsilon``); tuples take comma-separated values
@@ -48,13 +49,13 @@ import math
 import re
 import runpy
 import sys
-import typing
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args, filter_cpu_cache_load_noise
+from fresh_rl.fields import field_type, flat_fields, parse_scalar, parse_value
 from fresh_rl.sweep.keys import MAX_SEED
 from fresh_rl.validation import CHECKED_HELP, checked, require_int, require_output_dir, traced_check_message
 
@@ -62,66 +63,6 @@ EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 
 
 # ----------------------------------------------------------------------------- typed configs
-
-
-def _field_type(cls, field: dataclasses.Field):
-    hints = typing.get_type_hints(cls)
-    return hints.get(field.name, type(field.default))
-
-
-_KIND_NAMES = {int: "an integer", float: "a number", str: "a string"}
-
-
-def _parse_scalar(text: str, kind):
-    """``text`` as ``kind`` (int, float or str), else ``ValueError("expects …, got '…'")``.
-    Integers may use float notation (``1e6``); NaN is never a valid setting."""
-    if kind is str:
-        return text
-    try:
-        number = float(text)
-    except ValueError:
-        number = math.nan
-    if kind is int:
-        try:
-            return int(text)
-        except ValueError:
-            if math.isfinite(number) and number.is_integer():
-                return int(number)
-    elif not math.isnan(number):
-        return number
-    raise ValueError(f"expects {_KIND_NAMES[kind]}, got {text!r}")
-
-
-def _parse_value(text: str, kind, default):
-    """One ``--field`` value of a config field of type ``kind`` (``ValueError`` saying what
-    was expected)."""
-    origin = typing.get_origin(kind)
-    args = [a for a in typing.get_args(kind) if a is not type(None)]
-    if text == "None" and (origin is typing.Union or default is None):
-        return None
-    if origin is typing.Union and args:
-        kind = args[0]
-        origin = typing.get_origin(kind)
-    if dataclasses.is_dataclass(kind):  # Optional[Config] given by its first field
-        first = dataclasses.fields(kind)[0]
-        return kind(**{first.name: _parse_value(text, _field_type(kind, first), None)})
-    if kind is bool or isinstance(default, bool):
-        if text.lower() not in ("true", "false", "1", "0"):
-            raise ValueError(f"expects true or false, got {text!r}")
-        return text.lower() in ("true", "1")
-    if origin is tuple or isinstance(default, tuple):
-        item = (typing.get_args(kind) or (int,))[0]
-        item = int if item is Ellipsis else item
-        try:
-            return tuple(_parse_scalar(x, item) for x in text.split(",") if x)
-        except ValueError:
-            raise ValueError(f"expects comma-separated values, each {_KIND_NAMES[item]}, "
-                             f"got {text!r}") from None
-    if kind not in _KIND_NAMES and isinstance(default, (int, float, str)):
-        kind = type(default)
-    if kind in _KIND_NAMES:
-        return _parse_scalar(text, kind)
-    raise ValueError(f"cannot be parsed as {kind}, got {text!r}")
 
 
 class _Typed(argparse.Action):
@@ -146,7 +87,7 @@ def _int_in(low: int, high: float = math.inf):
     """A ``_Typed`` parser of integers in ``[low, high]``."""
     def parse(text: str) -> int:
         try:
-            value = _parse_scalar(text, int)
+            value = parse_scalar(text, int)
         except ValueError:
             value = None
         if value is None or not low <= value <= high:
@@ -156,27 +97,13 @@ def _int_in(low: int, high: float = math.inf):
     return parse
 
 
-def _flat_fields(cls, prefix: str = ""):
-    """(dotted name, owning class, field, default) for every leaf field of a config dataclass."""
-    instance = cls() if prefix == "" else None
-    for field in dataclasses.fields(cls):
-        default = field.default if field.default is not dataclasses.MISSING else (
-            field.default_factory() if field.default_factory is not dataclasses.MISSING else None)
-        if instance is not None:
-            default = getattr(instance, field.name)
-        if dataclasses.is_dataclass(default):
-            yield from _flat_fields(type(default), f"{prefix}{field.name}.")
-        else:
-            yield f"{prefix}{field.name}", cls, field, default
-
-
 def add_config_arguments(parser: argparse.ArgumentParser, cls) -> None:
     """One ``--field`` option per (nested) field of ``cls``, help text showing the default."""
     group = parser.add_argument_group(f"{cls.__name__} fields")
-    for name, owner, field, default in _flat_fields(cls):
-        kind = _field_type(owner, field)
+    for name, owner, field, default in flat_fields(cls):
+        kind = field_type(owner, field)
         group.add_argument(f"--{name}", dest=f"cfg:{name}", default=None, metavar="VALUE", action=_Typed,
-                           parse=functools.partial(_parse_value, kind=kind, default=default),
+                           parse=functools.partial(parse_value, kind=kind, default=default),
                            help=f"(default: {default!r})")
 
 
@@ -339,7 +266,7 @@ def _parse_grid(items: Sequence[str]) -> dict[str, list]:
         grid[name] = []
         for text in values.split(","):
             try:
-                value = _parse_scalar(text, kind)
+                value = parse_scalar(text, kind)
             except ValueError as err:
                 raise SystemExit(f"--grid {name} {err} (in {values!r})") from err
             if value in grid[name]:
@@ -438,6 +365,34 @@ def _run_script(name: str, argv: Sequence[str]) -> None:
     runpy.run_path(str(path), run_name="__main__")
 
 
+def study_presets(name: str) -> dict[str, Any]:
+    """The presets ``experiments/<name>.py`` chooses ``--scale`` from: its module-level ``SCALES``
+    mapping of :class:`fresh_rl.presets.Preset` (the script's top level runs, its ``main`` does
+    not); empty for a script without one."""
+    from fresh_rl.presets import Preset
+
+    scales = runpy.run_path(str(EXPERIMENTS / f"{name}.py"), run_name="fresh_rl_presets").get("SCALES", {})
+    return dict(scales) if all(isinstance(v, Preset) for v in scales.values()) else {}
+
+
+def cmd_presets(args) -> None:
+    """``fresh-rl presets``: each study script's presets; ``fresh-rl presets NAME``: one study's,
+    every field with its value (what ``--set field=value`` changes)."""
+    studies = sorted(p.stem for p in EXPERIMENTS.glob("*.py")) if EXPERIMENTS.exists() else []
+    if args.study and args.study not in studies:
+        raise SystemExit(f"unknown experiment {args.study!r}; known: {studies} "
+                         "(experiments live in the source checkout, next to the package)")
+    for study in [args.study] if args.study else studies:
+        presets = study_presets(study)
+        if not args.study:
+            print(f"{study}: {', '.join(presets) if presets else '(no presets: its options are in --help)'}")
+            continue
+        for name, preset in presets.items():
+            print(f"{study} --scale {name}  ({type(preset).__name__})")
+            for field, value in preset.describe():
+                print(f"    {field} = {value}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from fresh_rl.control import HyperParams, TrainConfig
 
@@ -491,6 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
     launch_p.add_argument("command_args", nargs=argparse.REMAINDER, metavar="COMMAND …",
                           help="a fresh-rl command with its options, e.g. sweep --grid lag=0,4")
 
+    presets_p = sub.add_parser("presets", help="the presets of every experiment script, or every field of one's")
+    presets_p.add_argument("study", nargs="?", default=None, help="experiment script name, e.g. vaco_forward_lag")
+
     for name, helptext in (("experiment", "run experiments/<name>.py with the remaining arguments"),
                            ("figures", "remake an experiment's figures from its saved runs")):
         p = sub.add_parser(name, help=helptext)
@@ -532,6 +490,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Any:
         return _run_script(args.name, rest)
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "presets":
+        return cmd_presets(args)
     if args.command == "launch":
         return cmd_launch(args)
     folder = enable_from_args(args)

@@ -11,6 +11,7 @@ import pytest
 
 from fresh_rl import cli
 from fresh_rl.control import TrainConfig
+from fresh_rl.fields import flat_fields
 from fresh_rl.corrections import AdaptiveKLConfig
 
 TINY = ["--env_name", "CartPole-v1", "--num_envs", "4", "--rollout_length", "8", "--num_minibatches", "2",
@@ -19,7 +20,7 @@ TINY = ["--env_name", "CartPole-v1", "--num_envs", "4", "--rollout_length", "8",
 
 def test_help_lists_every_field_with_its_default():
     text = cli.build_parser()._subparsers._group_actions[0].choices["train"].format_help()
-    for name, _, _, default in cli._flat_fields(TrainConfig):
+    for name, _, _, default in flat_fields(TrainConfig):
         assert f"--{name}" in text, name
     assert "(default: 'CartPole-v1')" in text and "--vaco.delta" in text and "(default: 0.2)" in text
     out = subprocess.run([sys.executable, "-m", "fresh_rl", "--help"], capture_output=True, text=True)

@@ -1,5 +1,6 @@
 """fresh_rl.sweep.study_cli: the shared command line of the study scripts."""
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -8,6 +9,7 @@ from pathlib import Path
 import jax
 import pytest
 
+from fresh_rl.presets import Preset, named
 from fresh_rl.sweep.identity import claim_folder
 from fresh_rl.sweep.study_cli import NO_CHECKED, start_study, study_main
 from fresh_rl.validation import check_in_range, checked_result, checkify_if_checked
@@ -15,43 +17,66 @@ from fresh_rl.validation import check_in_range, checked_result, checkify_if_chec
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Scale(Preset):
+    size: int
+    rates: tuple[float, ...] = (1e-3,)
+
+
+SCALES = named({"ci": _Scale(1), "cpu": _Scale(2)})
+
+
 def _recorder(calls):
     def run(scale, out, seed, fresh):
-        calls.append((scale, out, seed, fresh))
-        return f"README of {scale}"
+        calls.append((scale.label, out, seed, fresh))
+        return f"README of {scale.label}"
     return run
 
 
 def test_flags_reach_run_and_the_readme_is_printed(tmp_path, capsys):
     calls = []
-    study_main("a study", {"ci": 1, "cpu": 2}, tmp_path / "default", _recorder(calls),
+    study_main("a study", SCALES, tmp_path / "default", _recorder(calls),
                ["--scale", "cpu", "--out", str(tmp_path / "x"), "--seed", "7", "--fresh",
                 "--no-compilation-cache"])
     assert calls == [("cpu", tmp_path / "x", 7, True)]
     assert capsys.readouterr().out.strip().endswith("README of cpu")
 
 
+def test_set_overrides_reach_run_and_the_folder_identity(tmp_path, capsys):
+    seen = []
+    study_main("a study", SCALES, tmp_path / "d", lambda scale, *_: seen.append(scale) or "README",
+               ["--scale", "cpu", "--set", "size=5", "--set", "rates=1e-4,3e-4", "--no-compilation-cache"])
+    assert (seen[0].size, seen[0].rates, seen[0].label) == (5, (1e-4, 3e-4), "cpu --set size=5 --set rates=1e-4,3e-4")
+    assert json.loads((tmp_path / "d" / "run.json").read_text())["identity"]["scale"] == seen[0].label
+    with pytest.raises(SystemExit):  # the same folder with other overrides belongs to another run
+        study_main("a study", SCALES, tmp_path / "d", _recorder([]), ["--scale", "cpu", "--no-compilation-cache"])
+    assert "belongs to another run: scale cpu --set size=5 --set rates=1e-4,3e-4 → cpu" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        study_main("a study", SCALES, tmp_path / "e", _recorder([]), ["--set", "size=big"])
+    assert exit_.value.code == 2 and "--set size expects an integer, got 'big'" in capsys.readouterr().err
+
+
 def test_defaults_are_ci_the_default_folder_seed_0(tmp_path):
     calls = []
-    study_main("a study", {"ci": 1}, tmp_path, _recorder(calls), ["--no-compilation-cache"])
+    study_main("a study", {"ci": SCALES["ci"]}, tmp_path, _recorder(calls), ["--no-compilation-cache"])
     assert calls == [("ci", tmp_path, 0, False)]
 
 
 def test_an_unknown_scale_names_the_flag_and_the_choices(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        study_main("a study", {"ci": 1, "cpu": 2}, tmp_path, _recorder([]), ["--scale", "huge"])
+        study_main("a study", SCALES, tmp_path, _recorder([]), ["--scale", "huge"])
     err = capsys.readouterr().err
     assert "--scale" in err and "'ci'" in err and "'cpu'" in err
 
 
 def test_a_folder_of_another_scale_is_refused_unless_fresh(tmp_path, capsys):
     calls = []
-    study_main("a study", {"ci": 1, "cpu": 2}, tmp_path / "study", _recorder(calls), ["--no-compilation-cache"])
+    study_main("a study", SCALES, tmp_path / "study", _recorder(calls), ["--no-compilation-cache"])
     with pytest.raises(SystemExit):
-        study_main("a study", {"ci": 1, "cpu": 2}, tmp_path / "study", _recorder(calls),
+        study_main("a study", SCALES, tmp_path / "study", _recorder(calls),
                    ["--scale", "cpu", "--no-compilation-cache"])
     assert "belongs to another run: scale ci → cpu" in capsys.readouterr().err
-    study_main("a study", {"ci": 1, "cpu": 2}, tmp_path / "study", _recorder(calls),
+    study_main("a study", SCALES, tmp_path / "study", _recorder(calls),
                ["--scale", "cpu", "--fresh", "--no-compilation-cache"])
     assert [c[0] for c in calls] == ["ci", "cpu"]
 
@@ -63,12 +88,12 @@ def test_fresh_removes_the_saved_runs_and_checkpoints_before_the_study_runs(tmp_
     def run(scale, folder, seed, fresh):
         seen.append(sorted(p.name for p in folder.iterdir()))
         return "README"
-    study_main("a study", {"ci": 1}, out, run, ["--no-compilation-cache"])
+    study_main("a study", {"ci": SCALES["ci"]}, out, run, ["--no-compilation-cache"])
     for name in ("runs", "checkpoints"):
         (out / name / "chunk").mkdir(parents=True)
     (out / "README.md").write_text("kept")
-    study_main("a study", {"ci": 1}, out, run, ["--no-compilation-cache"])  # a rerun keeps them
-    study_main("a study", {"ci": 1}, out, run, ["--fresh", "--no-compilation-cache"])
+    study_main("a study", {"ci": SCALES["ci"]}, out, run, ["--no-compilation-cache"])  # a rerun keeps them
+    study_main("a study", {"ci": SCALES["ci"]}, out, run, ["--fresh", "--no-compilation-cache"])
     assert {"runs", "checkpoints"} <= set(seen[1]) and not {"runs", "checkpoints"} & set(seen[2])
     assert (out / "README.md").read_text() == "kept"
 

@@ -13,6 +13,7 @@ import dataclasses
 
 from fresh_rl.control.config import TrainConfig
 from fresh_rl.control.data_sources import ReplaySettings
+from fresh_rl.presets import Preset, named
 
 # The study's arms, as when its runs were committed (the registry may grow past them).
 STUDY_METHODS = ("onpolicy", "onpolicy_epochs", "uniform", "per_authors", "per_given", "freshper_0.3",
@@ -35,7 +36,7 @@ def variant_name(method: str, optimizer: str) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
-class Scale:
+class Scale(Preset):
     """One scale of the study: a config per task, the seeds and the learning-rate grid."""
 
     configs: tuple[TrainConfig, ...]
@@ -109,7 +110,7 @@ def config_fingerprint(config: TrainConfig) -> str:
             f"buffer_sampling='freshper', log_every={r.drift_every!r})")
 
 
-SCALES = {
+SCALES = named({
     "ci": Scale((_config("CartPole-v1", 4, 16, 20, 8, 5, 10, 2),), 2, (1e-3,)),
     "cpu": Scale((_config("CartPole-v1", 8, 64, 300, 256, 25, 25, 8),
                   _config("Acrobot-v1", 8, 64, 300, 256, 25, 25, 8)), 10, (3e-3, 1e-2)),
@@ -117,4 +118,4 @@ SCALES = {
                     _config("Acrobot-v1", 16, 128, 1000, 500, 50, 50, 32),
                     _config("Breakout-MinAtar", 8, 64, 1000, 300, 50, 50, 32)), 30,
                    (1e-3, 3e-3, 1e-2)),
-}
+})

@@ -20,6 +20,7 @@ from fresh_rl.control.hyperparams import HyperParams
 from fresh_rl.corrections import ewma_beta_from_staleness
 from fresh_rl.eval.route_claims import ROUTE_CLAIMS
 from fresh_rl.lag import DelayConfig
+from fresh_rl.presets import Preset, named
 
 MAIN_THRESHOLD = 0.9  # the EWMA reset threshold of the route comparison (the library default)
 ROUTES: tuple[str, ...] = ("recompute_current", "snapshot", "old_logit_model", "linear_proxy",
@@ -38,7 +39,7 @@ of :data:`ROUTES` in one program (default ``snapshot``), EWMA β = W/(W + 2)."""
 
 
 @dataclasses.dataclass(frozen=True)
-class Scale:
+class Scale(Preset):
     """One scale of the study: its tasks, windows W, seeds, learning rates, EWMA reset thresholds
     and the cost stage's windows and length."""
 
@@ -60,7 +61,7 @@ def _task(env_name: str, num_envs: int, rollout_length: int, iterations: int, ev
                        eval_episodes=eval_episodes, **STUDY_SETTINGS)
 
 
-SCALES = {
+SCALES = named({
     "ci": Scale((_task("CartPole-v1", 8, 32, 20, 10, 4),), (4,), 3, (1e-3,), (0.8, 0.9), (4,), 10),
     "quick": Scale((_task("CartPole-v1", 8, 32, 60, 10, 4),), (1, 16), 3, (1e-3,), (0.9,), (16,), 10,
                    slow_reference=False),
@@ -72,7 +73,7 @@ SCALES = {
     "paper": Scale((_task("CartPole-v1", 16, 128, 500, 25, 32), _task("Acrobot-v1", 16, 128, 500, 25, 32),
                     _task("Breakout-MinAtar", 16, 128, 1000, 50, 32)),
                    (1, 4, 16, 32), 30, (3e-4, 1e-3), (0.7, 0.8, 0.9, 0.95), (1, 32), 50),
-}
+})
 
 def route_config(task: TrainConfig, window: int, iterations=None) -> TrainConfig:
     """The task with random staleness U{0, …, W} (ring W + 1); the route is a traced hyperparameter."""

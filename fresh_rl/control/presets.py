@@ -34,6 +34,7 @@ from fresh_rl.control.config import TrainConfig
 from fresh_rl.control.train import train
 from fresh_rl.corrections import AdaptiveKLConfig
 from fresh_rl.lag import DelayConfig
+from fresh_rl.presets import Preset, named
 from fresh_rl.sweep import Grid, nonfinite_cells, product_grid, run_sharded, to_host
 
 MAIN_METHODS = ("ppo_clip", "ppo_kl_adaptive", "ppo_kl_fixed", "spo", "impala", "vaco", "vaco_l1")
@@ -80,7 +81,7 @@ MIXTURE_LAG = -1
 
 
 @dataclasses.dataclass(frozen=True)
-class Scale:
+class Scale(Preset):
     """One scale of the study. ``lags``: the fixed backward lags (a traced grid axis, one
     program). ``mixture``: actor delays drawn per actor group and iteration from this
     distribution (the realistic asynchronous case), run as one more column of the lag axis
@@ -154,7 +155,7 @@ _EVAL = dict(eval_every=4, eval_episodes=16)
 STUDY_LAGS = (0, 8, 32, 64)
 STUDY_MIXTURE = DelayConfig.geometric(mean_lag=8.0, ring_size=max(STUDY_LAGS) + 1)
 
-VACO_SCALES = {
+VACO_SCALES = named({
     "ci": Scale(
         tasks=(_task("CartPole-v1", total_env_steps=16 * 64 * 24, **_GYMNAX_DISCRETE),),
         lags=(0, 4), num_seeds=3, methods=("ppo_clip", "vaco"), ablations=(), deltas=(PAPER_DELTA,),
@@ -190,7 +191,7 @@ VACO_SCALES = {
                     for n in ("ant", "halfcheetah", "hopper", "walker2d", "humanoid")),
         lags=STUDY_LAGS, num_seeds=10, mixture=STUDY_MIXTURE, chunk_size=20,
     ),
-}
+})
 
 
 def variant_config(task: Task, method: str, overrides: dict, ring_size: int) -> TrainConfig:

@@ -36,6 +36,7 @@ from fresh_rl.llm.tasks import (ArithmeticTask, CountdownTask, FrozenLakeTask, S
 from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.llm.trainer import RLConfig
 from fresh_rl.llm.warm_start import WarmStartConfig
+from fresh_rl.presets import Preset, named
 from fresh_rl.provenance import REPOSITORY_ROOT
 
 RESULTS = REPOSITORY_ROOT / "results"
@@ -117,7 +118,7 @@ def model_folder(model: str) -> Optional[str]:
 
 
 @dataclasses.dataclass(frozen=True)
-class RLGainScale:
+class RLGainScale(Preset):
     """One scale of ``experiments/llm_rl_gain.py`` (does RL raise *held-out*
     success from the warm start?): GRPO through the pipeline at ``staleness_window`` (0:
     on-policy; snapshot old logits) from the Hugging Face folder ``model`` on each of ``tasks``
@@ -155,7 +156,7 @@ def rl_gain_pipeline(window: int) -> ap.AsyncConfig:
 # learns the prompts it trains on (pool 64: 0.363 → 0.590 in 60 iterations) but not unseen
 # ones, so the confirmations compare methods on training-pool success, held-out beside it.
 BPE_POOL_RL = dataclasses.replace(RL_GAIN_RL, prompt_pool=64)
-RL_GAIN_SCALES = {
+RL_GAIN_SCALES = named({
     # the test suite: the random-weight stand-in, 2 iterations of 2 prompts × 4 rollouts
     "ci": RLGainScale(model=BPE_STANDIN, rl=dataclasses.replace(RL_GAIN_RL, num_groups=2, group_size=4),
                       tasks=("arithmetic",), seeds=2, iterations=2, eval_episodes=16,
@@ -166,13 +167,13 @@ RL_GAIN_SCALES = {
     "paper": RLGainScale(model="", rl=dataclasses.replace(RL_GAIN_RL, num_groups=64, learning_rate=1e-6,
                                                           minibatches=4, remat=True),
                          tasks=tuple(BPE_TASKS), seeds=5, iterations=200, eval_episodes=1024),
-}
+})
 
 # --------------------------------------------------------------------------- old logits
 
 
 @dataclasses.dataclass(frozen=True)
-class OldLogitsScale:
+class OldLogitsScale(Preset):
     """One scale of ``experiments/old_logits.py``. ``grid_routes`` × ``windows`` × ``seeds``
     learning-curve runs; ``partial_routes`` run again with partial rollouts at
     ``partial_window``; the routes not in the grid are run once (seed 0) at
@@ -222,7 +223,7 @@ _OLD_LOGITS_CI = OldLogitsScale(
     env=ArithmeticTask(digits=1, steps=2), windows=(1,), grid_routes=("snapshot",),
     seeds=1, iterations=16, overhead_window=1, overhead_iterations=0,
     eval_episodes=1024, warm_start=ARITHMETIC_WARM_START)
-OLD_LOGITS_SCALES = {
+OLD_LOGITS_SCALES = named({
     "ci": _OLD_LOGITS_CI,
     # the default test suite's end-to-end run: the ci programs (same shapes, so a test session
     # compiles them once) for 4 iterations and 64 evaluation episodes per policy; the learning
@@ -269,7 +270,7 @@ OLD_LOGITS_SCALES = {
         env=BPE_TASKS["arithmetic"], windows=(1, 4), grid_routes=("ewma",), seeds=1,
         iterations=3, overhead_window=4, overhead_iterations=0, eval_episodes=16,
         lag_kind="uniform"),
-}
+})
 
 # --------------------------------------------------------------------------- FreshPER
 
@@ -284,7 +285,7 @@ SYNC = ap.AsyncConfig(staleness_window=0, old_logit_route="snapshot")
 
 
 @dataclasses.dataclass(frozen=True)
-class FreshPERScale:
+class FreshPERScale(Preset):
     """One scale of ``experiments/freshper.py``. ``methods``: name → replay settings;
     ``taus``: the τ ablation rows of "freshper" on the ``tau_ablation_tasks`` (None: every
     task); ``task_methods``: the methods run on a task (None: all)."""
@@ -342,7 +343,7 @@ def authors_methods(capacity: int):
             ("freshper_authors", base))
 
 
-FRESHPER_SCALES = {
+FRESHPER_SCALES = named({
     "ci": FreshPERScale(rl=dataclasses.replace(FRESHPER_RL, num_groups=2, group_size=4),
                         tasks=("arithmetic",),
                         methods=freshper_methods(tau=4.0, replay_updates=1, capacity=32)[:3],
@@ -411,7 +412,7 @@ FRESHPER_SCALES = {
         tasks=tuple(TASKS), methods=freshper_methods(500.0, 1, 50_000),
         taus=(100.0, 250.0, 500.0, 1000.0, math.inf), seeds=5, iterations=300,
         model="qwen2.5-0.5b"),
-}
+})
 
 __all__ = ["ARITHMETIC_WARM_START", "BPE_CYCLE", "BPE_POOL_RL", "BPE_STANDIN", "BPE_TASKS", "BPE_WARM_START", "CYCLE", "FRESHPER_RL", "FRESHPER_SCALES", "FreshPERScale",
            "OLD_LOGITS_RL", "OLD_LOGITS_SCALES", "OldLogitsScale", "QWEN2_5_0_5B_FOLDER", "QWEN2_5_1_5B", "RESULTS", "RL_GAIN_RL",

@@ -1,8 +1,9 @@
 """The command line shared by the resumable study scripts under ``experiments/``.
 
-``python experiments/<study>.py --scale ci|cpu|paper [--out DIR] [--seed S] [--fresh]
-[--allow-dirty] [--compilation-cache …] [--checked]`` runs ``run(scale_name, out_dir, seed,
-fresh)`` and prints the README it returns. Saved chunks under ``--out`` are reused unless
+``python experiments/<study>.py --scale ci|cpu|paper [--set field=value …] [--out DIR] [--seed S]
+[--fresh] [--allow-dirty] [--compilation-cache …] [--checked]`` runs ``run(preset, out_dir, seed,
+fresh)`` with the named :class:`fresh_rl.presets.Preset` (``--set`` items applied,
+:meth:`~fresh_rl.presets.Preset.overridden`) and prints the README it returns. Saved chunks under ``--out`` are reused unless
 ``--fresh``, which removes them first (:data:`SAVED_RUN_FOLDERS`). The folder is claimed first (:func:`fresh_rl.sweep.identity.claim_folder`: study,
 scale and seed in ``run.json``): a folder holding another scale's or seed's results is refused,
 unless ``--fresh`` recomputes it. :func:`start_study` is that start (cache, fd-2 filter, folder
@@ -20,6 +21,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 from jax.experimental import checkify
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag, enable_from_args, filter_cpu_cache_load_noise
+from fresh_rl.presets import Preset, PresetError
 from fresh_rl.provenance import ALLOW_DIRTY_ENV, COMMIT_AT_START, command_line
 from fresh_rl.sweep.identity import IDENTITY_NAME, RunIdentityError, claim_folder
 from fresh_rl.sweep.lock import output_lock
@@ -40,13 +42,13 @@ def clear_saved_runs(out) -> None:
 
 
 def study_main(description: str, scales: Mapping, default_out: Path,
-               run: Callable[[str, Path, int, bool], str], argv: Optional[Sequence[str]] = None) -> None:
-    """Parse the study flags (``--scale`` one of ``scales``, default ``"ci"``), claim ``--out``
-    for this study, scale and seed, switch on the compilation cache as asked, run the study and
-    print its README. ``--checked`` runs the study inside :func:`fresh_rl.checked` (a failed
+               run: Callable[[Preset, Path, int, bool], str], argv: Optional[Sequence[str]] = None) -> None:
+    """Parse the study flags (``--scale`` one of ``scales``, default ``"ci"``; ``--set`` items
+    applied to it), claim ``--out`` for this study, preset (its label: name and overrides) and
+    seed, switch on the compilation cache as asked, run the study and print its README. ``--checked`` runs the study inside :func:`fresh_rl.checked` (a failed
     traced check exits with one line naming the field and its range)."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--scale", choices=tuple(scales), default="ci")
+    add_preset_arguments(parser, scales)
     parser.add_argument("--out", type=Path, default=default_out)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fresh", action="store_true", help="ignore saved chunks, recompute all")
@@ -55,14 +57,33 @@ def study_main(description: str, scales: Mapping, default_out: Path,
     add_compilation_cache_flag(parser)
     parser.add_argument("--checked", action="store_true", help=CHECKED_HELP)
     args = parser.parse_args(argv)
-    identity = {"study": Path(default_out).name, "scale": args.scale, "seed": args.seed}
+    preset = chosen_preset(parser, args, scales)
+    identity = {"study": Path(default_out).name, "scale": preset.label, "seed": args.seed}
     if args.allow_dirty:
         os.environ[ALLOW_DIRTY_ENV] = "1"  # read by fresh_rl.provenance.provenance
     with start_study(parser, args, identity, args.out, argv, fresh=args.fresh):
         if args.fresh:
             clear_saved_runs(args.out)
-        readme = run(args.scale, args.out, args.seed, args.fresh)
+        readme = run(preset, args.out, args.seed, args.fresh)
     print(readme)
+
+
+def add_preset_arguments(parser: argparse.ArgumentParser, presets: Mapping[str, Preset], default: str = "ci") -> None:
+    """``--scale NAME`` (one of ``presets``) and ``--set field=value`` (repeatable)."""
+    parser.add_argument("--scale", choices=tuple(presets), default=default,
+                        help="a preset of this study (fresh-rl presets lists them with their fields)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides",
+                        help="change one field of the preset (dotted for a nested config: bed.iterations=3; "
+                             "on a tuple of configs, every one: tasks.total_env_steps=4096); repeatable")
+
+
+def chosen_preset(parser: argparse.ArgumentParser, args: argparse.Namespace, presets: Mapping[str, Preset]) -> Preset:
+    """The preset ``--scale`` names with the ``--set`` items applied (a bad item exits 2 naming
+    the field and what it accepts)."""
+    try:
+        return presets[args.scale].overridden(args.overrides)
+    except PresetError as err:
+        parser.error(str(err))
 
 
 NO_CHECKED = ("no --checked here: this script's programs cannot be checkified (jitted outside "
