@@ -1,5 +1,6 @@
-"""Pieces the study reports share: intervals as table cells, where a value falls on a grid, the
-mean of an age histogram, and the τ-sweep figure.
+"""Pieces the study reports share: intervals as table cells, Markdown tables, rows grouped by
+named columns, where a value falls on a grid, the mean of an age histogram, score-against-axis
+figures with intervals (a swept axis, τ), and the README a study writes.
 
 The study scripts under ``experiments/`` write their tables (``fresh_rl.provenance.write_csv``)
 and READMEs from these, so every report spells an interval, a grid position and an age the same
@@ -7,11 +8,13 @@ way.
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
 from fresh_rl.eval import seed_interval
+from fresh_rl.provenance import provenance_line, write_atomic
 
 
 def interval(values) -> tuple[float, float, float]:
@@ -22,6 +25,59 @@ def interval(values) -> tuple[float, float, float]:
 def interval_text(mean: float, low: float, high: float, digits: int = 1) -> str:
     """``"m [low, high]"`` with ``digits`` decimals."""
     return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def markdown_table(columns: Sequence[str], rows: Iterable[Sequence]) -> list[str]:
+    """The lines of a Markdown table: header, rule, one line per row (each cell through ``str``)."""
+    return [f"| {' | '.join(columns)} |", "|" + "---|" * len(columns),
+            *(f"| {' | '.join(str(c) for c in row)} |" for row in rows)]
+
+
+def grouped(rows: Iterable[Mapping], keys: Sequence[str]) -> dict[tuple, list[Mapping]]:
+    """``rows`` grouped by their values of ``keys`` (a tuple per group), groups in first-seen order."""
+    groups: dict[tuple, list[Mapping]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row[k] for k in keys), []).append(row)
+    return groups
+
+
+def plot_interval_curves(ax, xs: Sequence, series: Mapping[str, Sequence[Sequence[float]]], xlabel: str,
+                         ylabel: str) -> None:
+    """One curve per ``series`` entry (name → per-x seed values) on ``ax``: the mean with its 95%
+    Student-t interval at each of ``xs`` (categorical positions, labelled by ``str``); an x without
+    values is left out of its curve."""
+    for name, cells in series.items():
+        m = np.array([interval(c) if len(c) else (np.nan,) * 3 for c in cells])
+        ax.errorbar(range(len(xs)), m[:, 0], yerr=[m[:, 0] - m[:, 1], m[:, 2] - m[:, 0]], marker="o", capsize=3,
+                    label=name)
+    ax.set_xticks(range(len(xs)), [str(x) for x in xs])
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+
+
+def save_panels(path: Path, panels: Sequence, draw: Callable, width: float = 5.5, height: float = 4.0) -> None:
+    """A row of one panel per item of ``panels`` (``draw(ax, item)`` fills each, titled by the
+    item), the first panel's legend, saved at ``path`` (PNG, 110 dpi)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), height), squeeze=False)
+    for ax, item in zip(axes[0], panels):
+        draw(ax, item)
+        ax.set_title(str(item))
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_readme(out_dir: Path, title: str, header: Mapping, lines: Sequence[str]) -> str:
+    """``out_dir/README.md``: ``# title``, the provenance line of ``header``
+    (:func:`fresh_rl.provenance.provenance_line`), then ``lines``; written whole or not at all.
+    Returns the text."""
+    text = "\n".join([f"# {title}", "", provenance_line(header), *lines]) + "\n"
+    write_atomic(Path(out_dir) / "README.md", text)
+    return text
 
 
 def position_on_grid(value: float, grid: Sequence[float]) -> str:
@@ -60,4 +116,5 @@ def plot_score_vs_tau(ax, taus: Sequence[float], rows: Sequence[Mapping], contro
     ax.legend(fontsize=7)
 
 
-__all__ = ["histogram_mean", "interval", "interval_text", "plot_score_vs_tau", "position_on_grid"]
+__all__ = ["grouped", "histogram_mean", "interval", "interval_text", "markdown_table", "plot_interval_curves",
+           "plot_score_vs_tau", "position_on_grid", "save_panels", "write_readme"]

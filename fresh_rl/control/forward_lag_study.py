@@ -1,0 +1,136 @@
+"""The VACO study in its paper's regime (``experiments/vaco_forward_lag.py``, arXiv 2603.01365 §5):
+the compared methods and their tuning knobs, the scale type, and the stages that tune every method
+at the middle cell and score every cell.
+
+A cell is a backward lag (fixed, one traced ``HyperParams.lag`` program; or a geometric mixture
+per actor group and iteration) × a forward lag M updates per batch (epochs × the task's
+minibatches, the batch fixed). Equal tuning: each method gets a grid of the same size, learning
+rate × its own knob, on the tuning seeds at the middle cell, picked by mean learner return over the
+run's evaluations; every cell is then scored on other seeds at the pick, plus the ablations
+(align-only, filter-only) and VACO's δ curve at the middle M. Each stage is a resumable
+:func:`fresh_rl.sweep.run_stage` whose fingerprint is the stage name, the program's config and its
+rows.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import numpy as np
+
+from fresh_rl.control.config import TrainConfig
+from fresh_rl.control.hyperparams import HyperParams
+from fresh_rl.control.train import train
+from fresh_rl.corrections import PPOClipConfig, SPOConfig
+from fresh_rl.eval import eval_mean_score
+from fresh_rl.lag import DelayConfig
+from fresh_rl.presets import Preset
+from fresh_rl.sweep import run_stage
+from fresh_rl.sweep.keys import seed_keys
+
+MIXTURE = "mixture"
+KNOBS = {  # method → (knob name, its 3 values, traced HyperParams leaf or None: a static config field)
+    "ppo_clip": ("ε", (0.1, 0.2, 0.3), None),
+    "ppo_kl": ("β", (0.03, 0.1, 0.3), "kl_coef"),
+    "spo": ("ε", (0.1, 0.2, 0.3), None),
+    "impala": ("ρ̄", (0.5, 1.0, 2.0), None),
+    "vaco": ("δ", (0.1, 0.2, 0.4), "vaco_delta"),
+}
+ABLATIONS = ("vaco_align_only", "vaco_filter_only")
+DELTA_CURVE = (0.05, 0.1, 0.2, 0.4)
+MEASURED = ("version_gap", "backward_tv", "forward_tv", "masked_fraction", "clip_fraction")  # run means per cell
+KEEP = ("eval/return_deterministic", "eval/valid", "lag/tv", "lag/forward_tv", "lag/version_gap_mean",
+        "loss/clip_fraction", "loss/mask_fraction")
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale(Preset):
+    tasks: tuple[TrainConfig, ...]  # per task: everything but the method, its knob, M and the delay
+    lags: tuple[int, ...]  # fixed backward lags (the middle one is the tuning cell's)
+    mixture_mean: float
+    updates: tuple[int, ...]  # forward lag M = epochs × minibatches (minibatches fixed)
+    warmup: int
+    learning_rates: tuple[float, ...]
+    tuning_seeds: int
+    scoring_seeds: int
+    chunk: int
+    knobs: tuple[tuple[str, tuple[float, ...]], ...] = tuple((m, v) for m, (_, v, _) in KNOBS.items())
+    """(method, its knob values): the compared methods and their tuning grids (the same size for each)."""
+
+    @property
+    def middle(self) -> tuple[int, int]:
+        return self.lags[len(self.lags) // 2], self.updates[len(self.updates) // 2]
+
+
+def config_for(task: TrainConfig, scale: Scale, method: str, knob: float, updates: int, delay: str) -> TrainConfig:
+    """The static config of a program: the method, its knob where static, M and the delay kind."""
+    static = {"ppo_clip": lambda: {"ppo_clip": PPOClipConfig(knob, knob)}, "spo": lambda: {"spo": SPOConfig(knob)},
+              "impala": lambda: {"vtrace_rho_bar": knob},
+              "vaco_filter_only": lambda: {"vaco": dataclasses.replace(task.vaco, delta=knob)}}.get(method, dict)()
+    ring = max(scale.lags) + 1
+    d = DelayConfig.fixed(0, ring) if delay == "fixed" else DelayConfig.geometric(scale.mixture_mean, ring)
+    return dataclasses.replace(task, method=method, num_epochs=updates // task.num_minibatches, delay=d,
+                               lag_warmup_versions=scale.warmup, **static)
+
+
+def train_kept(config, key, hp):
+    metrics = train(config, key, hp).metrics
+    return {k: metrics[k] for k in KEEP if k in metrics}
+
+
+def stage(config, scale, rows, out_dir, name):
+    """``rows`` (dicts with ``seed``, ``learning_rate``, ``lag`` and the traced knob if any) of one program."""
+    traced = KNOBS.get(config.method, (None, None, None))[2]
+    grid = {"learning_rate": [r["learning_rate"] for r in rows], "lag": [r["lag"] for r in rows]}
+    if traced:
+        grid[traced] = [r["knob"] for r in rows]
+    label = f"{config.env_name} {config.method} M={config.num_epochs * config.num_minibatches} {name}"
+    out, _ = run_stage(functools.partial(train_kept, config), seed_keys([r["seed"] for r in rows]),
+                       HyperParams.from_grid(config, grid), directory=out_dir / "runs" / label.replace(" ", "-"),
+                       fingerprint=f"{name} {config!r} rows={rows}", chunk_size=scale.chunk, label=label)
+    mean = eval_mean_score(out["eval/return_deterministic"], out["eval/valid"])
+    return [{**r, "mean_return": float(m), "final_return": float(f),
+             **{col: float(np.mean(out[key][i])) if key in out else math.nan for col, key in
+                (("backward_tv", "lag/tv"), ("forward_tv", "lag/forward_tv"), ("version_gap", "lag/version_gap_mean"),
+                 ("clip_fraction", "loss/clip_fraction"), ("masked_fraction", "loss/mask_fraction"))}}
+            for i, (r, m, f) in enumerate(zip(rows, mean, out["eval/return_deterministic"][:, -1]))]
+
+
+def tune(task, scale, out_dir, seed) -> tuple[dict, list[dict]]:
+    """Every method's (lr, knob) pick at the middle cell on the tuning seeds."""
+    lag, updates = scale.middle
+    picks, rows_out = {}, []
+    for method, values in scale.knobs:
+        traced = KNOBS[method][2]
+        groups = [values] if traced else [(v,) for v in values]  # one program per static knob value
+        for group in groups:
+            rows = [{"method": method, "knob": k, "learning_rate": lr, "lag": lag, "seed": s}
+                    for k in group for lr in scale.learning_rates for s in range(seed, seed + scale.tuning_seeds)]
+            rows_out += stage(config_for(task, scale, method, group[0], updates, "fixed"), scale, rows, out_dir,
+                              "tuning")
+        score = {}
+        for r in rows_out:
+            if r["method"] == method:
+                score.setdefault((r["learning_rate"], r["knob"]), []).append(r["mean_return"])
+        picks[method] = max(score, key=lambda k: np.mean(score[k]))
+    return picks, [{"task": task.env_name, **r} for r in rows_out]
+
+
+def score(task, scale, picks, out_dir, seed) -> list[dict]:
+    """Every method at its pick in every cell, then the ablations at the middle M."""
+    seeds = range(seed + scale.tuning_seeds, seed + scale.tuning_seeds + scale.scoring_seeds)
+    jobs = [(m, *picks[m], updates) for m, _ in scale.knobs for updates in scale.updates]
+    if "vaco" in picks:
+        jobs += [(m, *picks["vaco"], scale.middle[1]) for m in ABLATIONS]
+    out = []
+    for method, lr, knob, updates in jobs:
+        for delay, lags in (("fixed", scale.lags), (MIXTURE, (0,))):
+            knobs = DELTA_CURVE if (method, updates) == ("vaco", scale.middle[1]) else (knob,)
+            rows = [{"method": method, "knob": k, "learning_rate": lr, "lag": lag, "seed": s}
+                    for k in knobs for lag in lags for s in seeds]
+            config = config_for(task, scale, method, knob, updates, delay)
+            for r in stage(config, scale, rows, out_dir, "scoring"):
+                out.append({"task": task.env_name, **r, "backward": MIXTURE if delay == MIXTURE else str(r["lag"]),
+                            "updates": updates, "tuned_knob": r["knob"] == knob, "versions": config.num_iterations})
+    return out
