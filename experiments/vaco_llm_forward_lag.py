@@ -36,7 +36,6 @@ import time
 from pathlib import Path
 
 import jax
-import matplotlib
 import numpy as np
 
 from fresh_rl.llm import async_pipeline as ap
@@ -45,15 +44,13 @@ from fresh_rl.llm.evaluation import evaluate_policies
 from fresh_rl.llm.presets import OLD_LOGITS_SCALES, RESULTS
 from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.presets import Preset, named
-from fresh_rl.provenance import provenance, provenance_line, write_csv
-from fresh_rl.report import interval, interval_text
+from fresh_rl.provenance import provenance, write_atomic, write_csv
+from fresh_rl.report import (grouped, interval, interval_text, markdown_table, plot_interval_curves, save_panels,
+                             write_readme)
 from fresh_rl.sweep import output_lock, saved_arrays
 from fresh_rl.sweep.checkpoint import RunCheckpointer
 from fresh_rl.sweep.integrity import tree_checksum
 from fresh_rl.sweep.study_cli import study_main
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 ROUTES = {"ppo_clip": "behaviour", "vaco": "recompute_current"}  # the ratio's reference: π_infer / π_T
 MEANS = {"masked_fraction": "mask_fraction", "tv_estimate": "tv_filter_estimate", "clip_fraction": "clip_fraction",
@@ -98,25 +95,18 @@ def run_arm(scale: Scale, bed, method: str, updates: int, params, model_config, 
 
 def figure(rows: list[dict], updates: tuple[int, ...], path: Path) -> None:
     """Held-out and training success (95% intervals over seeds) and the masked / clipped fraction against M."""
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for method, colour in (("ppo_clip", "tab:blue"), ("vaco", "tab:red")):
-        for ax, column in zip(axes, ("success_held_out", "success_training")):
-            stats = np.array([interval([r[column] for r in rows if r["method"] == method and r["updates"] == m])
-                              for m in updates])
-            ax.errorbar(updates, stats[:, 0], yerr=[stats[:, 0] - stats[:, 1], stats[:, 2] - stats[:, 0]],
-                        color=colour, marker="o", capsize=3, label=method)
-            ax.set(xscale="log", xticks=updates, xticklabels=updates, xlabel="M (updates per batch)",
-                   ylabel=column.replace("_", " "))
-        column = "masked_fraction" if method == "vaco" else "clip_fraction"
-        axes[2].plot(updates, [np.mean([r[column] for r in rows if r["method"] == method and r["updates"] == m])
-                               for m in updates], color=colour, marker="o", label=f"{method}: {column.split('_')[0]}")
-    axes[2].set(xscale="log", xticks=updates, xticklabels=updates, xlabel="M (updates per batch)",
-                ylabel="fraction of tokens")
-    for ax in axes:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    cells = grouped(rows, ("method", "updates"))
+
+    def draw(ax, column):
+        if column != "fraction of tokens":
+            return plot_interval_curves(ax, updates, {m: [[r[column] for r in cells[m, u]] for u in updates]
+                                                      for m in ROUTES}, "M (updates per batch)", column)
+        for method, measure in (("ppo_clip", "clip_fraction"), ("vaco", "masked_fraction")):
+            ax.plot(range(len(updates)), [np.mean([r[measure] for r in cells[method, u]]) for u in updates],
+                    marker="o", label=f"{method}: {measure.split('_')[0]}")
+        ax.set_xticks(range(len(updates)), [str(u) for u in updates])
+        ax.set(xlabel="M (updates per batch)", ylabel=column)
+    save_panels(path, ("success_held_out", "success_training", "fraction of tokens"), draw, width=4.3, height=3.8)
 
 
 def run(scale: Scale, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:
@@ -135,35 +125,29 @@ def run(scale: Scale, out_dir: Path, seed: int = 0, fresh: bool = False, log=pri
         write_csv(out / "runs.csv", rows)
         figure(rows, scale.updates, out / "success_vs_updates.png")
         header = provenance(started=started)
-        (out / "config.json").write_text(json.dumps({"scale": scale.label, "scale_config": repr(scale), **header},
-                                                    indent=1, default=str) + "\n")
+        write_atomic(out / "config.json", json.dumps({"scale": scale.label, "scale_config": repr(scale), **header},
+                                                     indent=1, default=str) + "\n")
 
         def cell(method, m, column, digits=3):
             values = [r[column] for r in rows if r["method"] == method and r["updates"] == m]
             return interval_text(*interval(values), digits=digits) if np.all(np.isfinite(values)) else "—"
 
-        table = [f"| {method} | {m} | {cell(method, m, 'success_held_out')} | {cell(method, m, 'success_training')} | "
-                 f"{cell(method, m, 'masked_fraction')} | {cell(method, m, 'tv_estimate', 4)} | "
-                 f"{cell(method, m, 'clip_fraction')} | {cell(method, m, 'kl_k3', 4)} | {cell(method, m, 'realign_weight', 4)} |"
-                 for m in scale.updates for method in ROUTES]
-        text = [
-            "# VACO vs PPO-clip under forward lag, LLM loop (BPE warm start)", "",
-            provenance_line(header), "",
-            f"Bed: GRPO on the `{scale.label}` scale's model and task ({bed.rl.num_groups} × {bed.rl.group_size} episodes "
-            f"per iteration from {bed.rl.prompt_pool} training prompts, lr {bed.rl.learning_rate:g}, {bed.iterations} "
-            f"iterations, on-policy), M minibatches of one epoch per batch; seeds {list(scale.seeds)}; success of the "
-            f"final policy on {bed.eval_episodes} episodes of the training and of held-out prompts. Per run, the "
-            "columns after success are means over its updates (95% intervals over seeds).", "",
+        columns = {"success_held_out": 3, "success_training": 3, "masked_fraction": 3, "tv_estimate": 4,
+                   "clip_fraction": 3, "kl_k3": 4, "realign_weight": 4}
+        return write_readme(out, "VACO vs PPO-clip under forward lag, LLM loop (BPE warm start)", header, [
+            "", f"Bed: GRPO on the `{scale.label}` scale's model and task ({bed.rl.num_groups} × {bed.rl.group_size} "
+            f"episodes per iteration from {bed.rl.prompt_pool} training prompts, lr {bed.rl.learning_rate:g}, "
+            f"{bed.iterations} iterations, on-policy), M minibatches of one epoch per batch; seeds {list(scale.seeds)}; "
+            f"success of the final policy on {bed.eval_episodes} episodes of the training and of held-out prompts. "
+            "Per run, the columns after success are means over its updates (95% intervals over seeds).", "",
             "![success and filtered / clipped fraction against M](success_vs_updates.png)", "",
-            "| method | M | held-out success | training success | masked by the filter | filter's D̂ | clipped | "
-            "k3-KL to reference | realignment weight |",
-            "|---|---|---|---|---|---|---|---|---|", *table, "",
+            *markdown_table(("method", "M", "held-out success", "training success", "masked by the filter",
+                             "filter's D̂", "clipped", "k3-KL to reference", "realignment weight"),
+                            ([method, m, *(cell(method, m, c, d) for c, d in columns.items())]
+                             for m in scale.updates for method in ROUTES)), "",
             "Verdicts: [results/VERDICTS.md](../VERDICTS.md#vaco_llm_forward_lag) "
             "(experiments/claims/vaco_llm_forward_lag.toml); the filter claims are not testable in a cell where the "
-            "filter masks under 10% of tokens.",
-        ]
-        (out / "README.md").write_text("\n".join(text) + "\n")
-        return "\n".join(text)
+            "filter masks under 10% of tokens."])
 
 
 def main(argv=None) -> None:
