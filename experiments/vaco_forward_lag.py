@@ -20,7 +20,8 @@ after the batch's last update, the filter's masked fraction, the clip fraction, 
 ``config.json``, ``README.md``.
 
     python experiments/vaco_forward_lag.py --scale ci    # the tests
-    python experiments/vaco_forward_lag.py --scale cpu   # CartPole-v1, Acrobot-v1, Breakout-MinAtar
+    python experiments/vaco_forward_lag.py --scale cpu   # CartPole-v1, Acrobot-v1, Breakout-MinAtar,
+                                                         # brax/inverted_pendulum (the return anchor's task)
 """
 from __future__ import annotations
 
@@ -54,7 +55,9 @@ SCALES = named({
     "cpu": Scale((_task("CartPole-v1", 8, 64, 200, 20, 8, normalize_obs=True),
                   _task("Acrobot-v1", 8, 64, 200, 20, 8, normalize_obs=True),
                   _task("Breakout-MinAtar", 8, 64, 200, 20, 8, normalize_obs=False, hidden_sizes=(64,),
-                        entropy_coef=0.01)),
+                        entropy_coef=0.01),
+                  _task("brax/inverted_pendulum", 8, 64, 200, 20, 8, brax_backend="spring", normalize_obs=True,
+                        entropy_coef=0.0, advantage_normalization="standardize")),
                  (0, 4, 16), 4.0, (4, 16, 64), 16, (3e-4, 1e-3, 3e-3), 5, 10, 15),
 })
 
