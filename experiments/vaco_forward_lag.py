@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from fresh_rl.control.config import TrainConfig
-from fresh_rl.control.forward_lag_study import KNOBS, MEASURED, MIXTURE, Scale, score, tune
+from fresh_rl.control.forward_lag_study import KNOBS, MEASURED, MIXTURE, Scale, score, task_folder, tune
 from fresh_rl.presets import named
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, write_atomic, write_csv
 from fresh_rl.report import (grouped, interval, interval_text, markdown_table, plot_interval_curves, save_panels,
@@ -84,15 +84,21 @@ def figures(runs: list[dict], scale: Scale, out_dir: Path) -> None:
     save_panels(out_dir / "score_vs_tv.png", tasks, scatter)
 
 
-def readme_lines(scale: Scale, runs: list[dict], picks: dict, seconds: float, seed: int) -> list[str]:
-    c0, s0 = scale.tasks[0], seed + scale.tuning_seeds
+def readme_lines(scale: Scale, t: dict, picks: dict, seconds: dict, seed: int) -> list[str]:
+    c0, s0, runs = scale.tasks[0], seed + scale.tuning_seeds, t["runs"]
     cells = []
     for key, rows in grouped(runs, ("task", "method", "knob", "backward", "updates")).items():
         mean = {c: f"{np.nanmean([r[c] for r in rows]):.3f}" for c in MEASURED}
         cells.append([*key[:2], f"{key[2]:g}", f"{rows[0]['learning_rate']:g}", *key[3:], rows[0]["versions"],
                       interval_text(*interval([r["mean_return"] for r in rows])), *mean.values()])
     return [
-        f"Compute of the stages (the invocations that ran them): {seconds:.0f} s.", "",
+        "", "## Sizing (wall seconds of the invocations that finished each stage, 2-core CPU)", "",
+        *markdown_table(("task", "programs", "runs", "env steps", "wall (s)"), (
+            (task.env_name, programs, n, f"{n * task.total_env_steps:,}", f"{s:.0f}")
+            for task in scale.tasks for programs, s in [seconds[task.env_name]]
+            for n in [sum(r["task"] == task.env_name for r in t["runs"] + t["tuning"])])),
+        f"| all | {sum(p for p, _ in seconds.values())} | {len(t['runs']) + len(t['tuning'])} | | "
+        f"{sum(s for _, s in seconds.values()):.0f} |", "",
         f"Setup: {c0.num_envs} envs × T = {c0.rollout_length} per iteration, {c0.num_iterations} versions per run, "
         f"4 minibatches; backward lags {list(scale.lags)} fixed and a geometric mixture of mean {scale.mixture_mean:g} "
         f"per actor group, actors on-policy for the first {scale.warmup} versions; forward lag M ∈ "
@@ -118,14 +124,16 @@ def run(scale: Scale, out_dir: Path, seed: int = 0, fresh: bool = False, log=pri
         for name, rows in t.items():
             write_csv(out_dir / f"{name}.csv", rows)
         figures(t["runs"], scale, out_dir)
-        seconds = sum(float(p.read_text()) for p in (out_dir / "runs").glob("*.seconds"))
+        seconds = {task.env_name: [float(p.read_text()) for p in (out_dir / "runs").glob(
+            f"{task_folder(task.env_name)}-*.seconds")] for task in scale.tasks}
+        seconds = {task: (len(s), sum(s)) for task, s in seconds.items()}  # programs, wall seconds
         header = {**provenance(started=started), "seed": seed}
         write_atomic(out_dir / "config.json", json.dumps(
             {"scale": scale.label, "scale_config": repr(scale), "picks": {k: {m: list(v) for m, v in p.items()}
                                                                          for k, p in picks.items()}, **header},
             indent=1, default=str) + "\n")
         return write_readme(out_dir, "VACO with backward lag small against the run, forward lag swept and equal tuning",
-                            header, readme_lines(scale, t["runs"], picks, seconds, seed))
+                            header, readme_lines(scale, t, picks, seconds, seed))
 
 
 def main(argv=None) -> None:

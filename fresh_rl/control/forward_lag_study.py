@@ -79,6 +79,11 @@ def train_kept(config, key, hp):
     return {k: metrics[k] for k in KEEP if k in metrics}
 
 
+def task_folder(env_name: str) -> str:
+    """The prefix of a task's stage folders under ``runs/`` (a Brax id's ``/`` becomes ``_``)."""
+    return env_name.replace("/", "_")
+
+
 def stage(config, scale, rows, out_dir, name):
     """``rows`` (dicts with ``seed``, ``learning_rate``, ``lag`` and the traced knob if any) of one program."""
     traced = KNOBS.get(config.method, (None, None, None))[2]
@@ -87,7 +92,7 @@ def stage(config, scale, rows, out_dir, name):
         grid[traced] = [r["knob"] for r in rows]
     label = f"{config.env_name} {config.method} M={config.num_epochs * config.num_minibatches} {name}"
     out, _ = run_stage(functools.partial(train_kept, config), seed_keys([r["seed"] for r in rows]),
-                       HyperParams.from_grid(config, grid), directory=out_dir / "runs" / label.replace(" ", "-"),
+                       HyperParams.from_grid(config, grid), directory=out_dir / "runs" / task_folder(label.replace(" ", "-")),
                        fingerprint=f"{name} {config!r} rows={rows}", chunk_size=scale.chunk, label=label)
     mean = eval_mean_score(out["eval/return_deterministic"], out["eval/valid"])
     return [{**r, "mean_return": float(m), "final_return": float(f),
