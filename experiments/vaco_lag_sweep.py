@@ -11,9 +11,9 @@ Every (task, variant) pair is one compiled program: ``train`` vmapped over the
 ``fresh_rl.control.presets.run_variant`` (the same grid, keys and program as ``fresh-rl sweep``).
 A scale with a delay mixture (``cpu``, ``paper``: lags 0, 8, 32, 64 and geometric actor delays
 of mean 8, docs/vaco.md) runs it as a second program per pair, the last column of the lag axis
-(``-1``, "mixture" in the tables). Finished pairs are saved to ``results/vaco/runs/*.npz`` as
-they complete, so an interrupted sweep resumes where it stopped (``--fresh`` recomputes
-everything); saved runs of an older key schedule, config or mixture are recomputed.
+(``-1``, "mixture" in the tables). Finished pairs are saved to ``results/vaco/runs/*.npz`` (axes
+named, :data:`RUN_DIMS`) as they complete, so an interrupted sweep resumes where it stopped
+(``--fresh`` recomputes everything); saved runs of an older key schedule, config or mixture are recomputed.
 
 Outputs (``results/vaco/``): ``runs.csv`` (one row per run: final score, initial score, training
 return, evaluation AUC, lag metrics), ``curves.csv`` (seed-mean return per iteration with 95%
@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import time
 from pathlib import Path
@@ -66,7 +67,8 @@ from fresh_rl.control.presets import (ABLATIONS, KEY_SCHEDULE, VACO_SCALES as SC
 from fresh_rl.eval import (AGGREGATE_METRICS, aggregate_intervals, eval_area_under_curve, eval_final_score,
                            eval_first_score, eval_initial_score, final_score, improvement_intervals, initial_score,
                            seed_interval)
-from fresh_rl.provenance import REPOSITORY_ROOT, provenance
+from fresh_rl.provenance import REPOSITORY_ROOT, provenance, write_csv
+from fresh_rl.results import DIMS_KEY, NamedArrays
 from fresh_rl.sweep.study_cli import add_preset_arguments, chosen_preset, start_study
 from fresh_rl.validation import CHECKED_HELP
 
@@ -74,9 +76,11 @@ RESULTS = REPOSITORY_ROOT / "results" / "vaco"
 MIN_AGGREGATE_TASKS = 3
 """rliable aggregates (median, IQM, optimality gap, P(X > Y)) only over at least this many tasks:
 over one or two they say nothing the per-task intervals do not (``per_task.csv``)."""
+RUN_DIMS = ("lag", "delta", "seed")
+"""A run's leading axes (``variant_grid``'s; "delta" is β for ``ppo_kl_fixed``); then iterations."""
 
 def run_all(scale: Scale, out_dir: Path, seed: int, fresh: bool, log=print) -> dict:
-    """Run (or load) every (task, variant); returns {(task, variant): saved dict}."""
+    """Run (or load) every (task, variant); returns {(task, variant): run} (:func:`named_run`, ``final`` added)."""
     runs_dir = out_dir / "runs"
     runs_dir.mkdir(parents=True, exist_ok=True)
     results = {}
@@ -88,7 +92,7 @@ def run_all(scale: Scale, out_dir: Path, seed: int, fresh: bool, log=print) -> d
                 data = dict(np.load(path, allow_pickle=False))
                 if saved_run_matches(data, config, seed, scale.study_lags, deltas, scale.num_seeds, scale.mixture):
                     log(f"[resume] {task.name} {variant}: loaded {path.name}")
-                    results[(task.name, variant)] = data
+                    results[(task.name, variant)] = with_final_score(named_run(data))
                     continue
             res = run_study_variant(scale, config, deltas, seed)
             data = {k.replace("/", "__"): v for k, v in res["metrics"].items()}
@@ -98,32 +102,44 @@ def run_all(scale: Scale, out_dir: Path, seed: int, fresh: bool, log=print) -> d
                         run_s=np.array(res["run_s"]), env_steps=np.array(res["env_steps"]),
                         batch_size=np.array(config.batch_size),
                         nonfinite_from_iteration=res["nonfinite_from_iteration"])
-            if (res["nonfinite_from_iteration"] >= 0).any():
-                bad = np.argwhere(res["nonfinite_from_iteration"] >= 0)
+            run = named_run(data)
+            bad = [tuple(run.coords[dim][i] for dim, i in zip(RUN_DIMS, cell))
+                   for cell in np.argwhere(run["nonfinite_from_iteration"] >= 0)]
+            if bad:
                 log(f"WARNING {task.name} {variant}: {len(bad)} runs went non-finite "
-                    f"([lag, delta, seed] indices {bad.tolist()}; marked in nonfinite_from_iteration)")
-            tmp = path.with_suffix(".tmp.npz")
-            np.savez(tmp, **data)
-            tmp.replace(path)  # atomic: an interrupted write never leaves a half file
+                    f"((lag, delta, seed) {bad}; marked in nonfinite_from_iteration)")
+            run.to_npz(path)
+            run = results[(task.name, variant)] = with_final_score(run)
             log(f"{task.name} {variant}: compile {res['compile_s']:.0f}s run {res['run_s']:.0f}s "
                 f"({res['env_steps'] / res['run_s']:.0f} env steps/s over all runs); final return by lag "
-                f"{np.round(run_final_score(data)[:, _delta_index(variant, data)].mean(-1), 1).tolist()}")
-            results[(task.name, variant)] = data
+                f"{np.round(run.sel(delta=headline_delta(variant, run)).mean('seed')['final'], 1).tolist()}")
     return results
 
 
-def _delta_index(variant: str, data) -> int:
-    """The swept value ``variant`` is reported with (``fresh_rl.control.presets.headline_index``)."""
-    return headline_index(variant, data["deltas"], run_final_score(data))
+def named_run(arrays: dict) -> NamedArrays:
+    """A run's arrays over :data:`RUN_DIMS`, saved with the axis names or positional (a fresh run's;
+    runs saved before the names): the arrays with the three leading axes are its variables, the
+    rest its attrs (``lags``, ``deltas`` too: ``saved_run_matches`` and vaco_regime.py read them)."""
+    if DIMS_KEY in arrays:
+        return NamedArrays.from_mapping(arrays)
+    first_seed, grid = int(arrays["seed"]), {k: v for k, v in arrays.items() if np.ndim(v) >= len(RUN_DIMS)}
+    coords = {"lag": arrays["lags"].tolist(), "delta": arrays["deltas"].tolist(),
+              "seed": range(first_seed, first_seed + arrays["episode_return"].shape[2])}
+    return NamedArrays(RUN_DIMS, coords, grid, {k: v for k, v in arrays.items() if k not in grid})
 
 
-def run_final_score(d) -> np.ndarray:
-    """Final score per run ``[lags, deltas, seeds]``: the learner's deterministic evaluation
+def with_final_score(run: NamedArrays) -> NamedArrays:
+    """``run`` with ``final``, its final score per run: the learner's deterministic evaluation
     (mean of the last 10% of evaluations) when the runs evaluated it (``eval_every`` > 0), else
     the training return of the (stale) behaviour policy over the last 10% of iterations."""
-    if "eval__return_deterministic" in d:
-        return eval_final_score(d["eval__return_deterministic"], d["eval__valid"] > 0)
-    return final_score(d["episode_return"])
+    if "eval__return_deterministic" in run:
+        return run.assign(final=eval_final_score(run["eval__return_deterministic"], run["eval__valid"] > 0))
+    return run.assign(final=final_score(run["episode_return"]))
+
+
+def headline_delta(variant: str, run: NamedArrays) -> float:
+    """The swept value ``variant`` is reported with (``fresh_rl.control.presets.headline_index``)."""
+    return run.coords["delta"][headline_index(variant, run.coords["delta"], run["final"])]
 
 
 def learning_check(scale: Scale, results: dict) -> dict:
@@ -140,12 +156,11 @@ def learning_check(scale: Scale, results: dict) -> dict:
             d = results.get((task.name, variant))
             if d is None:
                 continue
-            di = _delta_index(variant, d)
-            final = run_final_score(d)[0, di]
-            if "eval__return_deterministic" in d:
-                initial = eval_initial_score(d["eval__return_deterministic"], d["eval__valid"] > 0)[0, di]
-            else:
-                initial = initial_score(d["episode_return"], d["episodes_completed"])[0, di]
+            first = d.sel(lag=d.coords["lag"][0], delta=headline_delta(variant, d))  # [seed]
+            final = first["final"]
+            initial = (eval_initial_score(first["eval__return_deterministic"], first["eval__valid"] > 0)
+                       if "eval__return_deterministic" in first else
+                       initial_score(first["episode_return"], first["episodes_completed"]))
             if np.isfinite(final).all() and (best is None or final.mean() > best[1].mean()):
                 best = (variant, final, initial)
         if best is None:
@@ -158,32 +173,31 @@ def learning_check(scale: Scale, results: dict) -> dict:
 
 
 def score_tables(scale: Scale, results: dict):
-    """Normalised final scores: {(variant, lag, delta): {task: [seeds]}} and bounds per task
-    ``(R_init, R_best)``, both in the final score's mode: with learner evaluations R_init is the
-    mean first evaluation (:func:`fresh_rl.eval.eval_first_score`) of all the task's runs, else
-    the actors' first completed episodes (``initial_score``); R_best the best final score;
-    delta ``"headline"`` holds the value each variant is reported with (``_delta_index``),
+    """Normalised final scores: {(variant, lag, delta): {task: [seeds]}}, and ``results`` with
+    them as ``normalized``, ``(final − R_init)/(R_best − R_init)`` per task (a diverged run scores
+    R_init), both in the final score's mode: with learner evaluations R_init is the mean first
+    evaluation (:func:`fresh_rl.eval.eval_first_score`) of all the task's runs, else the actors'
+    first completed episodes (``initial_score``); R_best the best final score;
+    delta ``"headline"`` holds the value each variant is reported with (:func:`headline_delta`),
     ``"tuned"`` the value with the best seed mean at the first lag (``best_at_first_lag``: the
     rule ``ppo_kl_fixed``'s β gets, applied to every variant's swept axis)."""
-    bounds = {}
+    scores, normalized_results = {}, {}
     for task in scale.tasks:
-        datas = [d for (t, _), d in results.items() if t == task.name]
-        init = np.nanmean([np.nanmean(eval_first_score(d["eval__return_deterministic"], d["eval__valid"] > 0)
-                                      if "eval__return_deterministic" in d else
-                                      initial_score(d["episode_return"], d["episodes_completed"])) for d in datas])
-        best = max(np.nanmax(run_final_score(d)) for d in datas)
-        bounds[task.name] = (float(init), float(best))
-    scores = {}
-    for (task_name, variant), d in results.items():
-        low, high = bounds[task_name]
-        final = np.nan_to_num(run_final_score(d), nan=low)  # diverged → untrained
-        norm = (final - low) / max(high - low, 1e-8)  # [L, D, S]
-        for li, lag in enumerate(np.asarray(d["lags"]).tolist()):
-            for di, delta in enumerate(np.asarray(d["deltas"]).tolist()):
-                scores.setdefault((variant, lag, delta), {})[task_name] = norm[li, di]
-            scores.setdefault((variant, lag, "headline"), {})[task_name] = norm[li, _delta_index(variant, d)]
-            scores.setdefault((variant, lag, "tuned"), {})[task_name] = norm[li, best_at_first_lag(final)]
-    return scores, bounds
+        runs = {v: d for (t, v), d in results.items() if t == task.name}
+        low = float(np.nanmean([np.nanmean(eval_first_score(d["eval__return_deterministic"], d["eval__valid"] > 0)
+                                           if "eval__return_deterministic" in d else
+                                           initial_score(d["episode_return"], d["episodes_completed"]))
+                                for d in runs.values()]))
+        high = float(max(np.nanmax(d["final"]) for d in runs.values()))
+        for variant, d in runs.items():
+            final = np.nan_to_num(d["final"], nan=low)  # diverged → untrained
+            d = normalized_results[task.name, variant] = d.assign(normalized=(final - low) / max(high - low, 1e-8))
+            read_at = {**{delta: delta for delta in d.coords["delta"]}, "headline": headline_delta(variant, d),
+                       "tuned": d.coords["delta"][best_at_first_lag(final)]}  # value → the δ it reads
+            for lag in d.coords["lag"]:
+                for value, delta in read_at.items():
+                    scores.setdefault((variant, lag, value), {})[task.name] = d.sel(lag=lag, delta=delta)["normalized"]
+    return scores, normalized_results
 
 
 def _matrix(per_task: dict, tasks) -> Optional[np.ndarray]:
@@ -221,7 +235,7 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
 
     all_tasks = [t.name for t in scale.tasks]
     lags = scale.study_lags
-    scores, bounds = score_tables(scale, results)
+    scores, results = score_tables(scale, results)
     learning = learning_check(scale, results)
     with open(out_dir / "learning_check.csv", "w", newline="") as f:
         w = csv.writer(f)
@@ -236,10 +250,7 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
     ablation_tasks = [t.name for t in scale.tasks if t.ablations and t.name in tasks]
     ablation_aggregates = len(ablation_tasks) >= MIN_AGGREGATE_TASKS
     per_task = per_task_rows(scores, all_tasks)
-    with open(out_dir / "per_task.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(per_task[0]))
-        w.writeheader()
-        w.writerows(per_task)
+    write_csv(out_dir / "per_task.csv", per_task)
 
     # runs.csv
     with open(out_dir / "runs.csv", "w", newline="") as f:
@@ -248,24 +259,19 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
                     "normalized_score", "final_training_return", "eval_auc", "mean_version_gap",
                     "mean_tv_behaviour", "mean_forward_tv", "mean_ess", "mean_filter_on",
                     "mean_mask_fraction", "mean_clip_fraction"])
+        means = ("lag__version_gap_mean", "lag__tv", "lag__forward_tv", "lag__ess", "loss__filter_on",
+                 "loss__mask_fraction", "loss__clip_fraction")  # the mean_* columns: means over iterations
         for (task_name, variant), d in sorted(results.items()):
-            low, high = bounds[task_name]
-            fin = run_final_score(d)
-            training = final_score(d["episode_return"])
-            auc = (eval_area_under_curve(d["eval__return_deterministic"], d["eval__valid"] > 0)
-                   if "eval__return_deterministic" in d else None)
-            init = initial_score(d["episode_return"], d["episodes_completed"])
-            for li, lag in enumerate(d["lags"].tolist()):
-                for di, delta in enumerate(d["deltas"].tolist()):
-                    for s in range(fin.shape[2]):
-                        def m(key):
-                            return float(d[key][li, di, s].mean()) if key in d else ""
-                        w.writerow([task_name, variant, lag_name(lag), delta, s, f"{fin[li, di, s]:.3f}",
-                                    f"{init[li, di, s]:.3f}",
-                                    f"{(np.nan_to_num(fin[li, di, s], nan=low) - low) / max(high - low, 1e-8):.4f}",
-                                    f"{training[li, di, s]:.3f}", "" if auc is None else f"{auc[li, di, s]:.3f}",
-                                    m("lag__version_gap_mean"), m("lag__tv"), m("lag__forward_tv"), m("lag__ess"),
-                                    m("loss__filter_on"), m("loss__mask_fraction"), m("loss__clip_fraction")])
+            d = d.assign(initial=initial_score(d["episode_return"], d["episodes_completed"]),
+                         training=final_score(d["episode_return"]),
+                         **({"auc": eval_area_under_curve(d["eval__return_deterministic"], d["eval__valid"] > 0)}
+                            if "eval__return_deterministic" in d else {}))
+            for lag, delta, seed in itertools.product(*(d.coords[dim] for dim in RUN_DIMS)):
+                cell = d.sel(lag=lag, delta=delta, seed=seed)
+                w.writerow([task_name, variant, lag_name(lag), delta, seed, f"{cell['final']:.3f}",
+                            f"{cell['initial']:.3f}", f"{cell['normalized']:.4f}", f"{cell['training']:.3f}",
+                            f"{cell['auc']:.3f}" if "auc" in cell else ""]
+                           + [float(cell[k].mean()) if k in cell else "" for k in means])
 
     # score against the *measured* backward TV(π_T, β): a fixed lag moves methods by different
     # amounts (PPO's trust region keeps π_T near β), so this is the comparison at equal drift
@@ -273,12 +279,9 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
     for (task_name, variant), d in sorted(results.items()):
         if variant not in scale.methods or "lag__tv" not in d:
             continue
-        low, high = bounds[task_name]
-        di = _delta_index(variant, d)
-        norm = (np.nan_to_num(run_final_score(d), nan=low) - low) / max(high - low, 1e-8)
-        for li, lag in enumerate(d["lags"].tolist()):
-            tv_rows.append((task_name, variant, lag_name(lag), float(np.nanmean(d["lag__tv"][li, di])),
-                            float(norm[li, di].mean())))
+        at = d.sel(delta=headline_delta(variant, d))
+        tv_rows += [(task_name, variant, lag_name(lag), float(np.nanmean(at.sel(lag=lag)["lag__tv"])),
+                     float(at.sel(lag=lag)["normalized"].mean())) for lag in at.coords["lag"]]
     with open(out_dir / "score_vs_tv.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["task", "variant", "lag", "mean_backward_tv", "normalized_score_seed_mean"])
@@ -310,14 +313,14 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
                 d = results.get((task_name, variant))
                 if d is None:
                     continue
-                di = _delta_index(variant, d)
-                steps = (np.arange(d["episode_return"].shape[-1]) + 1) * int(d["batch_size"])
-                for li, lag in enumerate(d["lags"].tolist()):
-                    mean, low, high = seed_interval(d["episode_return"][li, di], axis=0)
+                at = d.sel(delta=headline_delta(variant, d))
+                steps = (np.arange(d["episode_return"].shape[-1]) + 1) * int(d.attrs["batch_size"])
+                for ax, lag in zip(axes[0], at.coords["lag"]):
+                    curve = at.sel(lag=lag)
+                    mean, low, high = seed_interval(curve["episode_return"], axis=curve.axis("seed"))
                     for i in range(len(mean)):
                         w.writerow([task_name, variant, lag, i, int(steps[i]), f"{mean[i]:.3f}",
                                     f"{low[i]:.3f}", f"{high[i]:.3f}"])
-                    ax = axes[0, li]
                     style = "--" if variant in ABLATIONS else "-"
                     ax.plot(steps, mean, style, label=variant, lw=1.2)
                     ax.fill_between(steps, low, high, alpha=0.15)
@@ -428,22 +431,19 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
     for (task_name, variant), d in sorted(results.items()):
         if variant not in scale.methods:
             continue
-        di = _delta_index(variant, d)
-        for li, lag in enumerate(d["lags"].tolist()):
+        at = d.sel(delta=headline_delta(variant, d))
+        for lag in at.coords["lag"]:
             row = {"task": task_name, "variant": variant, "lag": lag_name(lag)}
             for name, key in metric_keys:
                 if key not in d:
                     row[name] = ""
                     continue
-                cell = np.asarray(d[key][li, di], np.float64)
+                cell = np.asarray(at.sel(lag=lag)[key], np.float64)
                 # ½·mean|r − 1| is unbounded when a ratio explodes: its median over iterations
                 value = np.nanmedian(cell) if name == "forward_tv_median" else np.nanmean(cell)
                 row[name] = f"{value:.4f}"
             lag_rows.append(row)
-    with open(out_dir / "lag_metrics.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["task", "variant", "lag"] + [n for n, _ in metric_keys])
-        w.writeheader()
-        w.writerows(lag_rows)
+    write_csv(out_dir / "lag_metrics.csv", lag_rows)
 
     # equal tuning: on the tasks with the δ sweep every variant is read at its best swept value
     # at the first lag (VACO's δ, as ppo_kl_fixed's β), then run under lag; the pick is made on
@@ -462,7 +462,7 @@ def write_outputs(scale: Scale, results: dict, out_dir: Path, header: dict, reps
                     w.writerow([lag_name(lag), f"P({vaco} > {base})", "probability_of_improvement",
                                 f"{p:.4f}", f"{lo:.4f}", f"{hi:.4f}"])
 
-    summary = summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, improvement, header,
+    summary = summarize(scale, results, scores, agg, delta_agg, ablation_agg, improvement, header,
                         lag_rows=lag_rows, equal_tuning=(ablation_tasks, tuned_agg, tuned_improvement),
                         learning=(learning, tasks), per_task=per_task)
     (out_dir / "summary.md").write_text(summary)
@@ -490,7 +490,7 @@ def _fmt(t):
     return f"{t[0]:.3f} [{t[1]:.3f}, {t[2]:.3f}]"
 
 
-def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, improvement, header,
+def summarize(scale, results, scores, agg, delta_agg, ablation_agg, improvement, header,
               lag_rows=(), equal_tuning=((), {}, {}), learning=({}, ()), per_task=()) -> str:
     lines = ["# VACO lag sweep — summary", "",
              "```", json.dumps(header, indent=1), "```", "",
@@ -502,15 +502,15 @@ def summarize(scale, results, scores, bounds, agg, delta_agg, ablation_agg, impr
               "| task | variant | " + " | ".join(f"lag {lag_name(lag)}" for lag in scale.study_lags) + " |",
               "|---|---|" + "---|" * len(scale.study_lags)]
     for (task_name, variant), d in sorted(results.items()):
-        fin = run_final_score(d)[:, _delta_index(variant, d)]  # [L, S]
+        at = d.sel(delta=headline_delta(variant, d))
         cells = []
-        for li in range(fin.shape[0]):
-            ok = np.isfinite(fin[li])
-            m, lo, hi = seed_interval(fin[li][ok]) if ok.any() else (np.nan,) * 3
+        for fin in (at.sel(lag=lag)["final"] for lag in at.coords["lag"]):  # [seed] per lag
+            ok = np.isfinite(fin)
+            m, lo, hi = seed_interval(fin[ok]) if ok.any() else (np.nan,) * 3
             diverged = f" ({int((~ok).sum())} diverged)" if not ok.all() else ""
             cells.append(f"{float(m):.1f} ± {float(hi - lo) / 2:.1f}{diverged}")
         lines.append(f"| {task_name} | {variant} | " + " | ".join(cells) + " |")
-    tuned = [f"{v} on {t}: {float(d['deltas'][_delta_index(v, d)]):g}"
+    tuned = [f"{v} on {t}: {headline_delta(v, d):g}"
              for (t, v), d in sorted(results.items()) if v in SWEPT_BASELINES]
     if tuned:
         lines += ["", f"Baselines with their own grid are reported at their best value at lag {scale.lags[0]}: "
@@ -616,8 +616,8 @@ def main(argv=None):
                              + (f" --tasks {args.tasks}" if args.tasks else "")
                              + (f" --out {args.out}" if args.out != RESULTS else "")),
         "wall_time_s_this_invocation": round(time.perf_counter() - start, 1),
-        "compile_s_total": round(float(sum(float(d["compile_s"]) for d in results.values())), 1),
-        "run_s_total": round(float(sum(float(d["run_s"]) for d in results.values())), 1),
+        "compile_s_total": round(float(sum(float(d.attrs["compile_s"]) for d in results.values())), 1),
+        "run_s_total": round(float(sum(float(d.attrs["run_s"]) for d in results.values())), 1),
         "seeds": scale.num_seeds, "lags": list(scale.lags), "mixture": repr(scale.mixture),
     }
     summary = write_outputs(scale, results, args.out, header, args.bootstrap_reps)
