@@ -10,10 +10,17 @@ chosen by the replay method (:mod:`fresh_rl.replay.methods`). Scales: ``ci`` (th
 from __future__ import annotations
 
 import dataclasses
+import functools
+from pathlib import Path
+
+import jax
+import optax
 
 from fresh_rl.control.config import TrainConfig
 from fresh_rl.control.data_sources import ReplaySettings
+from fresh_rl.control.train import train
 from fresh_rl.presets import Preset, named
+from fresh_rl.sweep import run_stage
 
 # The study's arms, as when its runs were committed (the registry may grow past them).
 STUDY_METHODS = ("onpolicy", "onpolicy_epochs", "uniform", "per_authors", "per_given", "freshper_0.3",
@@ -64,14 +71,47 @@ def check_study_config(config: TrainConfig) -> TrainConfig:
     return config
 
 
-def _config(env_name: str, num_envs: int, rollout_length: int, iterations: int, buffer: int,
-            log_every: int, eval_every: int, eval_episodes: int, **train_fields):
+def study_config(env_name: str, num_envs: int, rollout_length: int, iterations: int, buffer: int,
+                 drift_every: int, eval_every: int, eval_episodes: int, **train_fields) -> TrainConfig:
+    """A FreshPER study's trainer settings (:func:`check_study_config`): ``iterations`` of
+    ``num_envs`` × ``rollout_length`` steps, K = 2 extra updates, a buffer of ``buffer`` versions,
+    drift snapshots every ``drift_every`` iterations, ``eval_episodes`` learner evaluation episodes
+    every ``eval_every``."""
     return check_study_config(TrainConfig(
         env_name=env_name, num_envs=num_envs, rollout_length=rollout_length,
         total_env_steps=num_envs * rollout_length * iterations, num_epochs=1, num_minibatches=1,
         eval_every=eval_every, eval_episodes=eval_episodes, data_source="replay_freshper",
-        replay=ReplaySettings(extra_updates=2, buffer_iterations=buffer, drift_every=log_every),
+        replay=ReplaySettings(extra_updates=2, buffer_iterations=buffer, drift_every=drift_every),
         **train_fields))
+
+
+def adam_count(opt_state) -> jax.Array:
+    """The step count of the (one) Adam state in ``opt_state``: the updates it has taken."""
+    (count,) = [s.count for s in jax.tree.leaves(opt_state, is_leaf=lambda s: isinstance(
+        s, optax.ScaleByAdamState)) if isinstance(s, optax.ScaleByAdamState)]
+    return count
+
+
+STATE_OUTPUTS = {"sampled_age_counts": lambda state: state.replay.sampled_age_counts,
+                 "num_updates": lambda state: state.num_updates,
+                 "adam_count": lambda state: adam_count(state.opt_state)}
+"""Outputs a run keeps from its final state (replayed rows per age, optimizer updates, the shared
+Adam state's step count); every other kept name is a per-iteration metric of the trainer."""
+
+
+def train_kept(config: TrainConfig, keep: tuple[str, ...], key, hp) -> dict:
+    """One run (:func:`fresh_rl.control.train.train`): the outputs named by ``keep``, metrics or
+    :data:`STATE_OUTPUTS`."""
+    out = train(config, key, hp)
+    return {k: STATE_OUTPUTS[k](out.state) if k in STATE_OUTPUTS else out.metrics[k] for k in keep}
+
+
+def run_kept(config: TrainConfig, keep: tuple[str, ...], grid, hp, directory: Path, fingerprint: str, chunk: int,
+             label: str = "") -> tuple[dict, float]:
+    """:func:`train_kept` over ``grid`` (hyperparameters ``hp``, one row a point) as one resumable
+    stage (:func:`fresh_rl.sweep.run_stage`)."""
+    return run_stage(functools.partial(train_kept, config, keep), grid.keys, hp, directory=directory,
+                     fingerprint=fingerprint, chunk_size=chunk, label=label)
 
 
 # TrainConfig's fields when the committed runs were saved (results/freshper_control/runs/), in
@@ -111,11 +151,11 @@ def config_fingerprint(config: TrainConfig) -> str:
 
 
 SCALES = named({
-    "ci": Scale((_config("CartPole-v1", 4, 16, 20, 8, 5, 10, 2),), 2, (1e-3,)),
-    "cpu": Scale((_config("CartPole-v1", 8, 64, 300, 256, 25, 25, 8),
-                  _config("Acrobot-v1", 8, 64, 300, 256, 25, 25, 8)), 10, (3e-3, 1e-2)),
-    "paper": Scale((_config("CartPole-v1", 16, 128, 1000, 500, 50, 50, 32),
-                    _config("Acrobot-v1", 16, 128, 1000, 500, 50, 50, 32),
-                    _config("Breakout-MinAtar", 8, 64, 1000, 300, 50, 50, 32)), 30,
+    "ci": Scale((study_config("CartPole-v1", 4, 16, 20, 8, 5, 10, 2),), 2, (1e-3,)),
+    "cpu": Scale((study_config("CartPole-v1", 8, 64, 300, 256, 25, 25, 8),
+                  study_config("Acrobot-v1", 8, 64, 300, 256, 25, 25, 8)), 10, (3e-3, 1e-2)),
+    "paper": Scale((study_config("CartPole-v1", 16, 128, 1000, 500, 50, 50, 32),
+                    study_config("Acrobot-v1", 16, 128, 1000, 500, 50, 50, 32),
+                    study_config("Breakout-MinAtar", 8, 64, 1000, 300, 50, 50, 32)), 30,
                    (1e-3, 3e-3, 1e-2)),
 })
