@@ -1,19 +1,39 @@
-"""The FreshPER control study's settings (``experiments/freshper_control.py``, arXiv 2604.16918):
-its arms (method × replay optimizer), scales, the trainer settings it accepts and the
-fingerprint its saved runs are found by.
+"""The FreshPER control study (``experiments/freshper_control.py``, arXiv 2604.16918): its arms
+(method × replay optimizer), scales, the trainer settings it accepts, the fingerprint its saved
+runs are found by, its four stages per task and its tables.
 
 The trainer is :func:`fresh_rl.control.train.train` with the data source ``replay_freshper``,
 method ``ppo_clip``, one full-batch fresh update per iteration at lag 0 and K extra updates
 chosen by the replay method (:mod:`fresh_rl.replay.methods`). Scales: ``ci`` (the tests),
 ``cpu`` (the committed results), ``paper`` (accelerators).
+
+Cost and memory: a Breakout-MinAtar run keeps its buffer of 300 iterations × 8 rows × 64 steps
+of [10, 10, 4] observations (twice: s and s') in float32, ~0.5 GB per run, ~44 GB for a chunk of
+90 runs; on the 2-core CPU one run-iteration took 0.8 s (10 vmapped runs × 40 iterations in
+324 s), so even a 5-variant × 10-seed × 300-iteration MinAtar study would take ~3.3 h there.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
 
 from fresh_rl.control.config import TrainConfig
 from fresh_rl.control.data_sources import ReplaySettings
+from fresh_rl.control.hyperparams import replay_grid
+from fresh_rl.control.train import train
+from fresh_rl.eval import holm_over_cells, paired_claim, seed_interval
+from fresh_rl.lag import fit_ess_time_constant
 from fresh_rl.presets import Preset, named
+from fresh_rl.replay.methods import REPLAY_METHODS, replay_hparams
+from fresh_rl.replay.tau_study import mean_by_age
+from fresh_rl.report import histogram_mean
+from fresh_rl.sweep import product_grid, run_stage
 
 # The study's arms, as when its runs were committed (the registry may grow past them).
 STUDY_METHODS = ("onpolicy", "onpolicy_epochs", "uniform", "per_authors", "per_given", "freshper_0.3",
@@ -64,14 +84,47 @@ def check_study_config(config: TrainConfig) -> TrainConfig:
     return config
 
 
-def _config(env_name: str, num_envs: int, rollout_length: int, iterations: int, buffer: int,
-            log_every: int, eval_every: int, eval_episodes: int, **train_fields):
+def study_config(env_name: str, num_envs: int, rollout_length: int, iterations: int, buffer: int,
+                 drift_every: int, eval_every: int, eval_episodes: int, **train_fields) -> TrainConfig:
+    """A FreshPER study's trainer settings (:func:`check_study_config`): ``iterations`` of
+    ``num_envs`` × ``rollout_length`` steps, K = 2 extra updates, a buffer of ``buffer`` versions,
+    drift snapshots every ``drift_every`` iterations, ``eval_episodes`` learner evaluation episodes
+    every ``eval_every``."""
     return check_study_config(TrainConfig(
         env_name=env_name, num_envs=num_envs, rollout_length=rollout_length,
         total_env_steps=num_envs * rollout_length * iterations, num_epochs=1, num_minibatches=1,
         eval_every=eval_every, eval_episodes=eval_episodes, data_source="replay_freshper",
-        replay=ReplaySettings(extra_updates=2, buffer_iterations=buffer, drift_every=log_every),
+        replay=ReplaySettings(extra_updates=2, buffer_iterations=buffer, drift_every=drift_every),
         **train_fields))
+
+
+def adam_count(opt_state) -> jax.Array:
+    """The step count of the (one) Adam state in ``opt_state``: the updates it has taken."""
+    (count,) = [s.count for s in jax.tree.leaves(opt_state, is_leaf=lambda s: isinstance(
+        s, optax.ScaleByAdamState)) if isinstance(s, optax.ScaleByAdamState)]
+    return count
+
+
+STATE_OUTPUTS = {"sampled_age_counts": lambda state: state.replay.sampled_age_counts,
+                 "num_updates": lambda state: state.num_updates,
+                 "adam_count": lambda state: adam_count(state.opt_state)}
+"""Outputs a run keeps from its final state (replayed rows per age, optimizer updates, the shared
+Adam state's step count); every other kept name is a per-iteration metric of the trainer."""
+
+
+def train_kept(config: TrainConfig, keep: tuple[str, ...], key, hp) -> dict:
+    """One run (:func:`fresh_rl.control.train.train`): the outputs named by ``keep``, metrics or
+    :data:`STATE_OUTPUTS`."""
+    out = train(config, key, hp)
+    return {k: STATE_OUTPUTS[k](out.state) if k in STATE_OUTPUTS else out.metrics[k] for k in keep}
+
+
+def run_kept(config: TrainConfig, keep: tuple[str, ...], grid, hp, directory: Path, fingerprint: str, chunk: int,
+             label: str = "") -> tuple[dict, float]:
+    """:func:`train_kept` over ``grid`` (hyperparameters ``hp``, one row a point) as one resumable
+    stage (:func:`fresh_rl.sweep.run_stage`)."""
+    return run_stage(functools.partial(train_kept, config, keep), grid.keys, hp, directory=directory,
+                     fingerprint=fingerprint, chunk_size=chunk, label=label)
 
 
 # TrainConfig's fields when the committed runs were saved (results/freshper_control/runs/), in
@@ -111,11 +164,186 @@ def config_fingerprint(config: TrainConfig) -> str:
 
 
 SCALES = named({
-    "ci": Scale((_config("CartPole-v1", 4, 16, 20, 8, 5, 10, 2),), 2, (1e-3,)),
-    "cpu": Scale((_config("CartPole-v1", 8, 64, 300, 256, 25, 25, 8),
-                  _config("Acrobot-v1", 8, 64, 300, 256, 25, 25, 8)), 10, (3e-3, 1e-2)),
-    "paper": Scale((_config("CartPole-v1", 16, 128, 1000, 500, 50, 50, 32),
-                    _config("Acrobot-v1", 16, 128, 1000, 500, 50, 50, 32),
-                    _config("Breakout-MinAtar", 8, 64, 1000, 300, 50, 50, 32)), 30,
+    "ci": Scale((study_config("CartPole-v1", 4, 16, 20, 8, 5, 10, 2),), 2, (1e-3,)),
+    "cpu": Scale((study_config("CartPole-v1", 8, 64, 300, 256, 25, 25, 8),
+                  study_config("Acrobot-v1", 8, 64, 300, 256, 25, 25, 8)), 10, (3e-3, 1e-2)),
+    "paper": Scale((study_config("CartPole-v1", 16, 128, 1000, 500, 50, 50, 32),
+                    study_config("Acrobot-v1", 16, 128, 1000, 500, 50, 50, 32),
+                    study_config("Breakout-MinAtar", 8, 64, 1000, 300, 50, 50, 32)), 30,
                    (1e-3, 3e-3, 1e-2)),
 })
+
+
+KEEP = ("eval/return_deterministic", "eval/valid", "episode_return", "drift/ess", "drift/kl", "sampled_age_counts",
+        "num_updates", "adam_count")
+
+
+def drift_pilot(config: TrainConfig, scale: Scale, out_dir: Path, seed: int) -> dict:
+    """Stage 1, on-policy runs per learning rate → per-step ESS/n and KL by age (mean over seeds
+    and every snapshot that holds rows of that age) and τ_fit per learning rate."""
+    lrs, n = scale.learning_rates, scale.num_seeds
+    grid = product_grid(n, seed, learning_rate=lrs)
+    hp = replay_grid(config, [replay_hparams("onpolicy")] * grid.size,
+                     {"learning_rate": [r["learning_rate"] for r in grid.rows]})
+    out, seconds = run_kept(config, KEEP, grid, hp, out_dir / "runs" / f"{config.env_name}-pilot",
+                            f"pilot {config_fingerprint(config)} seeds={n}@{seed} lrs={lrs}", n * len(lrs))
+    ages = np.arange(config.replay.buffer_iterations)
+    drift = {}
+    for i, lr in enumerate(lrs):
+        ess, kl = (mean_by_age(out[f"drift/{k}"][i * n:(i + 1) * n]) for k in ("ess", "kl"))
+        drift[lr] = {"ess": ess, "kl": kl, "tau_fit": fit_ess_time_constant(ages, ess), "stage_seconds": seconds}
+    return drift
+
+
+def study(config: TrainConfig, scale: Scale, drift: dict, out_dir: Path, seed: int, log=print, names=None,
+          stage: str = "study") -> dict:
+    """Stages 2 and 3: every (method, optimizer) of ``names`` (default :func:`variants`) × lrs ×
+    seeds, FreshPER's τ the multiple of the pilot's τ_fit its method names; outputs shaped
+    ``[variants, lrs, seeds, …]``."""
+    lrs, env, names, n = scale.learning_rates, config.env_name, names or variants(), scale.num_seeds
+    grid = product_grid(n, seed, variant=list(range(len(names))), learning_rate=lrs)
+    rows = [replay_hparams(names[r["variant"]][0], drift[r["learning_rate"]]["tau_fit"], names[r["variant"]][1])
+            for r in grid.rows]
+    hp = replay_grid(config, rows, {"learning_rate": [r["learning_rate"] for r in grid.rows]})
+    taus = {lr: drift[lr]["tau_fit"] for lr in lrs}
+    log(f"{env} {stage}: {grid.size} runs ({len(names)} variants x {len(lrs)} lrs x {n} seeds), tau_fit={taus}")
+    out, seconds = run_kept(config, KEEP, grid, hp, out_dir / "runs" / f"{env}-{stage}",
+                            f"{stage} {config_fingerprint(config)} seeds={n}@{seed} lrs={lrs} "
+                            f"tau_fit={taus} variants={names}", n * len(lrs))
+    return {"grid": grid, "rows": rows, "data": {k: v.reshape(len(names), len(lrs), n, *v.shape[1:])
+                                                  for k, v in out.items()}, "seconds": seconds}
+
+
+def short_tau_stage(config: TrainConfig, scale: Scale, out_dir: Path, seed: int, log=print) -> dict:
+    """Stage 4: FreshPER (shared Adam, IS) at the absolute τ of :data:`SHORT_TAUS` × lrs × seeds."""
+    lrs, env, n = scale.learning_rates, config.env_name, scale.num_seeds
+    grid = product_grid(n, seed, tau=SHORT_TAUS, learning_rate=lrs)
+    hp = replay_grid(config, [replay_hparams("freshper_1", r["tau"]) for r in grid.rows],
+                     {"learning_rate": [r["learning_rate"] for r in grid.rows]})
+    log(f"{env} short_tau: {grid.size} runs (tau {SHORT_TAUS} x {len(lrs)} lrs x {n} seeds)")
+    out, seconds = run_kept(config, KEEP, grid, hp, out_dir / "runs" / f"{env}-short_tau",
+                            f"short_tau {config_fingerprint(config)} seeds={n}@{seed} lrs={lrs} taus={SHORT_TAUS}",
+                            n * len(lrs))
+    return {"data": {k: v.reshape(len(SHORT_TAUS), len(lrs), n, *v.shape[1:]) for k, v in out.items()},
+            "seconds": seconds}
+
+
+def run_task(config: TrainConfig, scale: Scale, out_dir: Path, seed: int, log=print) -> dict:
+    """The four stages of one task: the pilot's drift, the study, per-batch IS weights, short τ."""
+    drift = drift_pilot(config, scale, out_dir, seed)
+    log(f"{config.env_name} tau_fit per lr: " + ", ".join(f"{lr}: {d['tau_fit']:.1f}" for lr, d in drift.items()))
+    batch_config = dataclasses.replace(config, replay=dataclasses.replace(
+        config.replay, importance_weight_normalization="batch"))
+    return {"config": config, "drift": drift, "study": study(config, scale, drift, out_dir, seed, log),
+            "batch_is": study(batch_config, scale, drift, out_dir, seed, log,
+                              [(m, "shared") for m in BATCH_NORMALIZED], "batch_is"),
+            "short_tau": short_tau_stage(config, scale, out_dir, seed, log)}
+
+
+def plot_drift_fit(ax, buffer: int, drift: dict) -> None:
+    """The pilot's per-step ESS/n against age per learning rate with its fit exp(−age/τ_fit) (dashed)."""
+    ages = np.arange(buffer)
+    for lr, d in drift.items():
+        line, = ax.plot(ages, d["ess"], label=f"lr {lr} (τ_fit {d['tau_fit']:.0f})")
+        if math.isfinite(d["tau_fit"]):
+            ax.plot(ages, np.exp(-ages / d["tau_fit"]), "--", color=line.get_color())
+    ax.set(xlabel="age (iterations)", ylabel="per-step ESS/n (on-policy pilot)")
+
+
+def scores(data: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Final learner score (the last evaluation's deterministic return) and the mean over every
+    evaluation of the run (learning speed), shaped as the stage (``[variants, lrs, seeds]``)."""
+    ret, valid = data["eval/return_deterministic"], data["eval/valid"].astype(bool)
+    return ret[..., -1], np.where(valid, ret, 0).sum(-1) / np.maximum(valid.sum(-1), 1)
+
+
+def _interval_columns(values, prefix: str) -> dict:
+    m = seed_interval(values)
+    return {prefix: float(m[0]), f"{prefix}_low": float(m[1]), f"{prefix}_high": float(m[2])}
+
+
+def _tau_row(env, lr, tau_fit, tau, stage, final, mean) -> dict:
+    return {"task": env, "learning_rate": lr, "stage": stage, "tau": float(tau), "tau_over_tau_fit": float(tau / tau_fit),
+            **_interval_columns(final, "final"), **_interval_columns(mean, "mean")}
+
+
+def tables(scale: Scale, tasks: dict, claims) -> dict[str, list[dict]]:
+    """The study's CSV tables (name → rows) from :func:`run_task` per task; ``claims`` are
+    (text, variant, baseline variant, positive) for ``verdicts.csv`` (paired per task and lr,
+    Holm-corrected per claim and score)."""
+    lrs, names = scale.learning_rates, [variant_name(*v) for v in variants()]
+    t = {name: [] for name in ("runs", "final", "ess_vs_age", "sampled_age", "score_vs_tau", "verdicts",
+                               "is_normalization", "drift_by_method", "short_tau", "short_tau_runs")}
+    for env, task in tasks.items():
+        drift, grid, data = task["drift"], task["study"]["grid"], task["study"]["data"]
+        final, mean = scores(data)
+        ages = np.arange(task["config"].replay.buffer_iterations)
+        for r, hp in zip(grid.rows, task["study"]["rows"]):
+            cell = (r["variant"], lrs.index(r["learning_rate"]), r["seed"] - grid.rows[0]["seed"])
+            t["runs"].append({"task": env, "variant": names[cell[0]], "learning_rate": r["learning_rate"],
+                              "seed": r["seed"], "age_decay_tau": hp["age_decay_tau"],
+                              "final_return": float(final[cell]), "mean_eval_return": float(mean[cell]),
+                              "mean_sampled_age": histogram_mean(data["sampled_age_counts"][cell]),
+                              "num_updates": int(data["num_updates"][cell]), "adam_count": int(data["adam_count"][cell])})
+        for v, name in enumerate(names):
+            for li, lr in enumerate(lrs):
+                t["final"].append({"task": env, "variant": name, "learning_rate": lr, "seeds": scale.num_seeds,
+                                   **_interval_columns(final[v, li], "final"), **_interval_columns(mean[v, li], "mean")})
+                counts = data["sampled_age_counts"][v, li].sum(0)
+                if counts.sum():
+                    t["sampled_age"] += [{"task": env, "variant": name, "learning_rate": lr, "age": int(a),
+                                          "fraction": float(counts[a] / counts.sum())} for a in ages]
+        method_drift = {k: mean_by_age(data[f"drift/{k}"], axis=(2, 3)) for k in ("ess", "kl")}  # [V, L, H]
+        t["drift_by_method"] += [{"task": env, "variant": name, "learning_rate": lr, "age": int(a),
+                                  "ess_fraction": float(method_drift["ess"][v, li, a]),
+                                  "kl_k3": float(method_drift["kl"][v, li, a])}
+                                 for v, name in enumerate(names) for li, lr in enumerate(lrs) for a in ages]
+        t["ess_vs_age"] += [{"task": env, "learning_rate": lr, "age": int(a), "ess_fraction": float(drift[lr]["ess"][a]),
+                             "kl_k3": float(drift[lr]["kl"][a]), "tau_fit": drift[lr]["tau_fit"]}
+                            for lr in lrs for a in ages]
+        for li, lr in enumerate(lrs):
+            t["score_vs_tau"] += [_tau_row(env, lr, drift[lr]["tau_fit"], REPLAY_METHODS[n].tau_factor
+                                           * drift[lr]["tau_fit"], "study", final[names.index(n), li],
+                                           mean[names.index(n), li]) for n in ("freshper_0.3", "freshper_1", "freshper_3")]
+            t["verdicts"] += [{"task": env, "learning_rate": lr, "claim": text, "score": metric,
+                               **paired_claim(values[names.index(a), li], values[names.index(b), li], positive)}
+                              for text, a, b, positive in claims for metric, values in (("final", final), ("mean", mean))]
+        buffer_scores, batch_scores = scores(data), scores(task["batch_is"]["data"])
+        for v, method in enumerate(BATCH_NORMALIZED):
+            for li, lr in enumerate(lrs):
+                row = {"task": env, "variant": method, "learning_rate": lr, "stage_seconds": task["batch_is"]["seconds"]}
+                for score, buffer_wide, per_batch in zip(("final", "mean"), buffer_scores, batch_scores):
+                    row.update(_interval_columns(per_batch[v, li], f"{score}_batch_is"))
+                    row.update({f"{score}_{k}": x for k, x in paired_claim(
+                        per_batch[v, li], buffer_wide[names.index(method), li], True).items()})
+                t["is_normalization"].append(row)
+    for env, task in tasks.items():
+        drift, short = task["drift"], task["short_tau"]
+        base_final, base_mean = scores(task["study"]["data"])
+        final, mean = scores(short["data"])
+        ages = np.arange(task["config"].replay.buffer_iterations)
+        for ti, tau in enumerate(SHORT_TAUS):
+            for li, lr in enumerate(lrs):
+                per = names.index("per_given")
+                t["short_tau"].append({
+                    "task": env, "tau": tau, "learning_rate": lr,
+                    "pilot_kl_at_age_tau": float(drift[lr]["kl"][min(int(tau), len(ages) - 1)]),
+                    "mean_sampled_age": histogram_mean(short["data"]["sampled_age_counts"][ti, li]),
+                    **_interval_columns(final[ti, li], "final"), **_interval_columns(mean[ti, li], "mean"),
+                    "stage_seconds": short["seconds"],
+                    **{f"vs_per_{k}_{key}": v for k, values, base in (
+                        ("final", final, base_final), ("mean", mean, base_mean))
+                       for key, v in paired_claim(values[ti, li], base[per, li], True).items()},
+                    **{f"vs_onpolicy_epochs_mean_{key}": v for key, v in paired_claim(
+                        mean[ti, li], base_mean[names.index("onpolicy_epochs"), li], True).items()}})
+        first_seed = task["study"]["grid"].rows[0]["seed"]
+        t["short_tau_runs"] += [{"task": env, "tau": tau, "learning_rate": lr, "seed": first_seed + s,
+                                 "final_return": float(final[ti, li, s]), "mean_eval_return": float(mean[ti, li, s])}
+                                for ti, tau in enumerate(SHORT_TAUS) for li, lr in enumerate(lrs)
+                                for s in range(final.shape[-1])]
+    for env, task in tasks.items():
+        final, mean = scores(task["short_tau"]["data"])
+        t["score_vs_tau"] += [_tau_row(env, lr, task["drift"][lr]["tau_fit"], tau, "short_tau", final[ti, li],
+                                       mean[ti, li]) for li, lr in enumerate(lrs) for ti, tau in enumerate(SHORT_TAUS)]
+    t["verdicts"] = holm_over_cells(t["verdicts"], family=("claim", "score"))
+    return t

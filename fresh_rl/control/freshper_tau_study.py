@@ -1,0 +1,110 @@
+"""The stages and tables of FreshPER's τ sweep in control (``experiments/freshper_control_tau.py``).
+
+Per task two resumable stages (:func:`fresh_rl.sweep.run_stage`) of
+:func:`fresh_rl.control.freshper_study.train_kept` over the arms of :mod:`fresh_rl.replay.tau_study`,
+replay updates on an Adam state of their own: *tuning* (every arm × the learning-rate grid on the
+tuning seeds; its on-policy rows are the drift pilot) and *scoring* (every arm at its pick on the
+next seeds).
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from fresh_rl.control.config import TrainConfig
+from fresh_rl.control.freshper_study import run_kept
+from fresh_rl.control.hyperparams import replay_grid
+from fresh_rl.eval import eval_mean_score
+from fresh_rl.lag import fit_ess_time_constant
+from fresh_rl.presets import Preset
+from fresh_rl.replay import tau_study
+from fresh_rl.replay.methods import replay_hparams
+from fresh_rl.report import histogram_mean
+from fresh_rl.sweep import product_grid
+
+KEEP = ("eval/return_deterministic", "eval/valid", "drift/ess", "drift/ess_row", "drift/kl", "sampled_age_counts",
+        "num_updates")
+
+
+@dataclasses.dataclass(frozen=True)
+class Scale(Preset):
+    """One scale: a config per task, the learning-rate grid, tuning and scoring seeds, the τ grid."""
+
+    configs: tuple[TrainConfig, ...]
+    learning_rates: tuple[float, ...]
+    tuning_seeds: int
+    scoring_seeds: int
+    taus: tuple[float, ...]
+
+
+def run_arms(config: TrainConfig, scale: Scale, grid, lrs, out_dir: Path, stage: str, chunk: int):
+    """:data:`KEEP` of every run of ``grid`` (rows with an ``arm``) at learning rates ``lrs[i]``."""
+    named = tau_study.arms(scale.taus)
+    rows = [replay_hparams(named[r["arm"]][0], named[r["arm"]][1], "separate") for r in grid.rows]
+    return run_kept(config, KEEP, grid, replay_grid(config, rows, {"learning_rate": list(lrs)}),
+                    out_dir / "runs" / f"{config.env_name}-{stage}",
+                    f"{stage} {config!r} seeds={[r['seed'] for r in grid.rows]} "
+                    f"arms={[r['arm'] for r in grid.rows]} lrs={list(lrs)}", chunk, f"{config.env_name} {stage}")
+
+
+def drift_curves(config: TrainConfig, out: dict, lrs, n: int) -> dict:
+    """Per lr: seed- and snapshot-mean per-step / per-row (trajectory) ESS/n and KL by age of the
+    on-policy tuning runs (the first ``n · len(lrs)`` rows), and their τ fits. The row fit uses
+    ages whose ESS/n ≥ 2/num_envs (our choice: one age holds num_envs rows, so 1/num_envs is the
+    floor of a fully degenerate weight set)."""
+    curves = {}
+    for i, lr in enumerate(lrs):
+        mean = {name: tau_study.mean_by_age(out[f"drift/{k}"][i * n:(i + 1) * n])
+                for name, k in (("ess_step", "ess"), ("ess_trajectory", "ess_row"), ("kl", "kl"))}
+        ages = np.arange(mean["ess_step"].size)
+        curves[lr] = {**mean, "tau_step": fit_ess_time_constant(ages, mean["ess_step"]),
+                      "tau_trajectory": fit_ess_time_constant(ages, mean["ess_trajectory"], 2 / config.num_envs)}
+    return curves
+
+
+def run_task(config: TrainConfig, scale: Scale, out_dir: Path, seed: int) -> dict:
+    """Both stages of one task: the tuning means, the picks, the scoring grid and outputs, the
+    drift curves and the two stages' wall times."""
+    named, lrs, n = tau_study.arms(scale.taus), scale.learning_rates, scale.tuning_seeds
+    grid = product_grid(n, seed, arm=list(named), learning_rate=lrs)
+    tuning, tuning_seconds = run_arms(config, scale, grid, [r["learning_rate"] for r in grid.rows], out_dir,
+                                      "tuning", n * len(lrs))
+    mean = eval_mean_score(tuning["eval/return_deterministic"], tuning["eval/valid"])
+    tuned = mean.reshape(len(named), len(lrs), n).mean(-1)
+    picked = tau_study.picked_rates(tuned, named, lrs)
+    scoring_grid = product_grid(scale.scoring_seeds, seed + n, arm=list(named))
+    scoring, scoring_seconds = run_arms(config, scale, scoring_grid, [picked[r["arm"]] for r in scoring_grid.rows],
+                                        out_dir, "scoring", n * len(lrs))
+    return {"config": config, "tuned": tuned, "picked": picked, "grid": scoring_grid, "out": scoring,
+            "drift": drift_curves(config, tuning, lrs, n), "seconds": (tuning_seconds, scoring_seconds)}
+
+
+def tables(scale: Scale, results: dict) -> tuple[dict[str, list[dict]], dict[str, dict]]:
+    """The study's CSV tables (name → rows) and each task's score table (arm → row) from
+    :func:`run_task`'s results per task."""
+    named, t, scores = tau_study.arms(scale.taus), {}, {}
+    for env, res in results.items():
+        out, picked, cell = res["out"], res["picked"], {"task": env}
+        final = out["eval/return_deterministic"][:, -1]
+        mean = eval_mean_score(out["eval/return_deterministic"], out["eval/valid"])
+        runs = [{"task": env, "arm": r["arm"], "method": named[r["arm"]][0], "tau": named[r["arm"]][1],
+                 "learning_rate": picked[r["arm"]], "seed": r["seed"], "final_return": float(final[i]),
+                 "mean_eval_return": float(mean[i]), "mean_sampled_age": histogram_mean(out["sampled_age_counts"][i]),
+                 "num_updates": int(out["num_updates"][i])} for i, r in enumerate(res["grid"].rows)]
+        counts = out["sampled_age_counts"].reshape(len(named), scale.scoring_seeds, -1).sum(1)
+        scores[env] = tau_study.score_rows(
+            named, picked, runs, ("mean_eval_return", "final_return"),
+            {arm: histogram_mean(counts[i]) for i, arm in enumerate(named)}, res["config"].replay.buffer_iterations,
+            cell)
+        for name, rows in (("runs", runs), ("tuning", tau_study.tuning_rows(
+                named, scale.learning_rates, res["tuned"], picked, scale.tuning_seeds, "mean_eval_return", cell)),
+                           ("ess_vs_age", tau_study.ess_rows(res["drift"], cell)),
+                           ("sampled_age", tau_study.sampled_age_rows(named, picked, counts, cell)),
+                           ("score_vs_tau", list(scores[env].values()))):
+            t.setdefault(name, []).extend(rows)
+    return t, scores
+
+
+__all__ = ["KEEP", "Scale", "drift_curves", "run_arms", "run_task", "tables"]
