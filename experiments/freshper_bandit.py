@@ -13,7 +13,7 @@ resumable from its saved chunks (``--fresh`` recomputes):
    rate with the best mean J over the run (every arm gets a grid of the same size);
 3. *scoring* (the next n_score seeds): every arm at its tuned rate.
 
-Arms (:mod:`fresh_rl.replay.tau_study`): on-policy, 1 + K epochs (matched updates), uniform
+Arms (:mod:`fresh_rl.eval.freshper_tau_sweep`): on-policy, 1 + K epochs (matched updates), uniform
 replay, the authors' PER (``per_authors``: new items at max priority, sampled items refreshed;
 τ = ∞) and ``freshper_authors`` (that pipeline plus p·exp(−age/τ)) at every τ of the grid, in
 versions. Replay updates use an Adam state of their own, so the data replayed is not confounded
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from fresh_rl.presets import named
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, write_atomic, write_csv
-from fresh_rl.replay import tau_study
+from fresh_rl.eval import freshper_tau_sweep
 from fresh_rl.report import markdown_table, plot_score_vs_tau, position_on_grid, save_panels, write_readme
 from fresh_rl.sweep import output_lock
 from fresh_rl.sweep.study_cli import study_main
@@ -61,21 +61,21 @@ def figures(scale: Scale, drift: dict, table: dict, out_dir: Path) -> None:
     """Exact ESS/n and KL against age (the pilot), and score against τ with the controls."""
     def drift_panel(ax, name):
         if name == "ESS/n":
-            return tau_study.plot_ess_by_age(ax, drift, scale.taus, "exact ESS/n (on-policy pilot)")
+            return freshper_tau_sweep.plot_ess_by_age(ax, drift, scale.taus, "exact ESS/n (on-policy pilot)")
         for lr, d in drift.items():
             ax.plot(d["kl"], label=f"lr {lr}")
         ax.set(xlabel="age (versions)", ylabel="exact KL(β‖π)", yscale="log", xscale="symlog")
     save_panels(out_dir / "ess_vs_age.png", ("ESS/n", "KL"), drift_panel)
     save_panels(out_dir / "score_vs_tau.png", ("exact bed",), lambda ax, _: plot_score_vs_tau(
-        ax, scale.taus, [table[a] for a in tau_study.tau_arms(tau_study.arms(scale.taus))],
-        {a: table[a]["mean"] for a in tau_study.CONTROLS[:3]},
+        ax, scale.taus, [table[a] for a in freshper_tau_sweep.tau_arms(freshper_tau_sweep.arms(scale.taus))],
+        {a: table[a]["mean"] for a in freshper_tau_sweep.CONTROLS[:3]},
         f"mean exact J over the run ({scale.scoring_seeds} scoring seeds, 95% t)"), width=6.5)
 
 
 def readme_lines(scale: Scale, pilot: dict, tuning: dict, table: dict, seconds: float, seed: int) -> list[str]:
     bed, drift, picked, s0 = scale.bed, pilot["by_lr"], tuning["picked"], seed + scale.tuning_seeds
-    named, last, half = tau_study.arms(scale.taus), bed.buffer_iterations - 1, bed.buffer_iterations / 2
-    fresh_lr = tau_study.usual_rate(picked, named)
+    named, last, half = freshper_tau_sweep.arms(scale.taus), bed.buffer_iterations - 1, bed.buffer_iterations / 2
+    fresh_lr = freshper_tau_sweep.usual_rate(picked, named)
     return [
         f"The runs were computed by the invocation that finished each stage (pilot {pilot['seconds']:.0f} s, tuning "
         f"{tuning['seconds']:.0f} s, scoring {seconds:.0f} s wall time, compilation included); a rerun restores "
@@ -110,7 +110,7 @@ def readme_lines(scale: Scale, pilot: dict, tuning: dict, table: dict, seconds: 
         "## Scores (scoring seeds, each arm at its tuned learning rate; 95% Student-t intervals)", "",
         *markdown_table(("arm", "tuned lr", "mean J over the run", "final J", "mean sampled age", "buffer span / τ",
                          "sampled-age gap to per_authors"), []),
-        *tau_study.score_lines(table, tau_study.tau_arms(named), 4), "",
+        *freshper_tau_sweep.score_lines(table, freshper_tau_sweep.tau_arms(named), 4), "",
         "Tuning means per learning rate: `tuning.csv`. Score against τ: `score_vs_tau.png`. The sampled-age gap is "
         "the gate of every FreshPER-vs-PER cell (≥ 20%, experiments/claims/freshper_bandit.toml).", "",
         "## Reading", "", *reading_lines(scale, table, picked), "", "## Verdicts", "",
@@ -133,7 +133,7 @@ def run(scale: Scale, out_dir: Path, seed: int = 0, fresh: bool = False, log=pri
             {"scale": scale.label, "seed": seed, "bed": dataclasses.asdict(scale.bed),
              "learning_rates": list(scale.learning_rates), "tuning_seeds": scale.tuning_seeds,
              "scoring_seeds": scale.scoring_seeds, "taus": list(scale.taus),
-             "arms": {a: [m, t if math.isfinite(t) else "inf"] for a, (m, t) in tau_study.arms(scale.taus).items()},
+             "arms": {a: [m, t if math.isfinite(t) else "inf"] for a, (m, t) in freshper_tau_sweep.arms(scale.taus).items()},
              "picked_learning_rates": tuning["picked"],
              "tau_ess": {str(lr): {"trajectory": d["tau_trajectory"], "step": d["tau_step"]}
                          for lr, d in pilot["by_lr"].items()}, **header}, indent=1))

@@ -3,7 +3,7 @@
 Trainer :func:`fresh_rl.control.train.train` (data source ``replay_freshper``: every replay
 method is a row of traced leaves; method ``ppo_clip``, one full-batch fresh step per iteration,
 actors at lag 0, K = 2 extra updates, replay updates on an Adam state of their own). Arms
-(:mod:`fresh_rl.replay.tau_study`): on-policy, 1 + K epochs (matched updates), uniform replay,
+(:mod:`fresh_rl.eval.freshper_tau_sweep`): on-policy, 1 + K epochs (matched updates), uniform replay,
 ``per_authors`` (new rows at the running max priority, sampled rows refreshed; τ = ∞) and
 ``freshper_authors`` (that pipeline plus p·exp(−age/τ)) at τ ∈ {1, 3, 10, 30, 100} versions. One
 version per iteration; the buffer spans 300 versions (≥ 10 τ for τ ≤ 30, the τ the claims use)
@@ -36,7 +36,7 @@ from fresh_rl.control.freshper_study import study_config
 from fresh_rl.control.freshper_tau_study import Scale, run_task, tables
 from fresh_rl.presets import named
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, write_atomic, write_csv
-from fresh_rl.replay import tau_study
+from fresh_rl.eval import freshper_tau_sweep
 from fresh_rl.report import markdown_table, plot_score_vs_tau, position_on_grid, save_panels, write_readme
 from fresh_rl.sweep import output_lock
 from fresh_rl.sweep.study_cli import study_main
@@ -51,23 +51,23 @@ SCALES = named({
 
 def figures(scale: Scale, results: dict, scores: dict, out_dir: Path) -> None:
     """Score against τ (controls as lines) and the drift pilot's ESS/n by age, a panel per task."""
-    on_axis = tau_study.tau_arms(tau_study.arms(scale.taus))
+    on_axis = freshper_tau_sweep.tau_arms(freshper_tau_sweep.arms(scale.taus))
     save_panels(out_dir / "score_vs_tau.png", list(results), lambda ax, env: plot_score_vs_tau(
-        ax, scale.taus, [scores[env][a] for a in on_axis], {a: scores[env][a]["mean"] for a in tau_study.CONTROLS[:3]},
+        ax, scale.taus, [scores[env][a] for a in on_axis], {a: scores[env][a]["mean"] for a in freshper_tau_sweep.CONTROLS[:3]},
         "learner return, mean over evaluations"))
-    save_panels(out_dir / "ess_vs_age.png", list(results), lambda ax, env: tau_study.plot_ess_by_age(
+    save_panels(out_dir / "ess_vs_age.png", list(results), lambda ax, env: freshper_tau_sweep.plot_ess_by_age(
         ax, results[env]["drift"], scale.taus, "ESS/n of stored rows (on-policy tuning runs)"))
 
 
 def readme_lines(scale: Scale, results: dict, scores: dict, seed: int) -> list[str]:
-    named, c0, drift_rows, scored, rule_lines, reading = tau_study.arms(scale.taus), scale.configs[0], [], [], [], []
-    on_axis = tau_study.tau_arms(named)
+    named, c0, drift_rows, scored, rule_lines, reading = freshper_tau_sweep.arms(scale.taus), scale.configs[0], [], [], [], []
+    on_axis = freshper_tau_sweep.tau_arms(named)
     for env, res in results.items():
-        table, fresh_lr, half = scores[env], tau_study.usual_rate(res["picked"], named), res["config"].replay.buffer_iterations / 2
+        table, fresh_lr, half = scores[env], freshper_tau_sweep.usual_rate(res["picked"], named), res["config"].replay.buffer_iterations / 2
         drift_rows += [(env, lr, f"{d['tau_trajectory']:.1f}", f"{d['tau_step']:.1f}",
                         *(f"{d[k][min(10, d['ess_step'].size - 1)]:.3f}" for k in ("ess_trajectory", "ess_step", "kl")))
                        for lr, d in res["drift"].items()]
-        scored += tau_study.score_lines(table, on_axis, 1, (env,))
+        scored += freshper_tau_sweep.score_lines(table, on_axis, 1, (env,))
         d = res["drift"][fresh_lr]
         rule_lines.append(f"- {env}, at lr {fresh_lr} (the rate most FreshPER arms were tuned to): τ_ESS from "
                           f"per-row weights {d['tau_trajectory']:.1f} {position_on_grid(d['tau_trajectory'], scale.taus)}, "

@@ -1,7 +1,7 @@
 """The stages and tables of FreshPER's τ sweep in control (``experiments/freshper_control_tau.py``).
 
 Per task two resumable stages (:func:`fresh_rl.sweep.run_stage`) of
-:func:`fresh_rl.control.freshper_study.train_kept` over the arms of :mod:`fresh_rl.replay.tau_study`,
+:func:`fresh_rl.control.freshper_study.train_kept` over the arms of :mod:`fresh_rl.eval.freshper_tau_sweep`,
 replay updates on an Adam state of their own: *tuning* (every arm × the learning-rate grid on the
 tuning seeds; its on-policy rows are the drift pilot) and *scoring* (every arm at its pick on the
 next seeds).
@@ -19,7 +19,7 @@ from fresh_rl.control.hyperparams import replay_grid
 from fresh_rl.eval import eval_mean_score
 from fresh_rl.lag import fit_ess_time_constant
 from fresh_rl.presets import Preset
-from fresh_rl.replay import tau_study
+from fresh_rl.eval import freshper_tau_sweep
 from fresh_rl.replay.methods import replay_hparams
 from fresh_rl.report import histogram_mean
 from fresh_rl.sweep import product_grid
@@ -41,7 +41,7 @@ class Scale(Preset):
 
 def run_arms(config: TrainConfig, scale: Scale, grid, lrs, out_dir: Path, stage: str, chunk: int):
     """:data:`KEEP` of every run of ``grid`` (rows with an ``arm``) at learning rates ``lrs[i]``."""
-    named = tau_study.arms(scale.taus)
+    named = freshper_tau_sweep.arms(scale.taus)
     rows = [replay_hparams(named[r["arm"]][0], named[r["arm"]][1], "separate") for r in grid.rows]
     return run_kept(config, KEEP, grid, replay_grid(config, rows, {"learning_rate": list(lrs)}),
                     out_dir / "runs" / f"{config.env_name}-{stage}",
@@ -56,7 +56,7 @@ def drift_curves(config: TrainConfig, out: dict, lrs, n: int) -> dict:
     floor of a fully degenerate weight set)."""
     curves = {}
     for i, lr in enumerate(lrs):
-        mean = {name: tau_study.mean_by_age(out[f"drift/{k}"][i * n:(i + 1) * n])
+        mean = {name: freshper_tau_sweep.mean_by_age(out[f"drift/{k}"][i * n:(i + 1) * n])
                 for name, k in (("ess_step", "ess"), ("ess_trajectory", "ess_row"), ("kl", "kl"))}
         ages = np.arange(mean["ess_step"].size)
         curves[lr] = {**mean, "tau_step": fit_ess_time_constant(ages, mean["ess_step"]),
@@ -67,13 +67,13 @@ def drift_curves(config: TrainConfig, out: dict, lrs, n: int) -> dict:
 def run_task(config: TrainConfig, scale: Scale, out_dir: Path, seed: int) -> dict:
     """Both stages of one task: the tuning means, the picks, the scoring grid and outputs, the
     drift curves and the two stages' wall times."""
-    named, lrs, n = tau_study.arms(scale.taus), scale.learning_rates, scale.tuning_seeds
+    named, lrs, n = freshper_tau_sweep.arms(scale.taus), scale.learning_rates, scale.tuning_seeds
     grid = product_grid(n, seed, arm=list(named), learning_rate=lrs)
     tuning, tuning_seconds = run_arms(config, scale, grid, [r["learning_rate"] for r in grid.rows], out_dir,
                                       "tuning", n * len(lrs))
     mean = eval_mean_score(tuning["eval/return_deterministic"], tuning["eval/valid"])
     tuned = mean.reshape(len(named), len(lrs), n).mean(-1)
-    picked = tau_study.picked_rates(tuned, named, lrs)
+    picked = freshper_tau_sweep.picked_rates(tuned, named, lrs)
     scoring_grid = product_grid(scale.scoring_seeds, seed + n, arm=list(named))
     scoring, scoring_seconds = run_arms(config, scale, scoring_grid, [picked[r["arm"]] for r in scoring_grid.rows],
                                         out_dir, "scoring", n * len(lrs))
@@ -84,7 +84,7 @@ def run_task(config: TrainConfig, scale: Scale, out_dir: Path, seed: int) -> dic
 def tables(scale: Scale, results: dict) -> tuple[dict[str, list[dict]], dict[str, dict]]:
     """The study's CSV tables (name → rows) and each task's score table (arm → row) from
     :func:`run_task`'s results per task."""
-    named, t, scores = tau_study.arms(scale.taus), {}, {}
+    named, t, scores = freshper_tau_sweep.arms(scale.taus), {}, {}
     for env, res in results.items():
         out, picked, cell = res["out"], res["picked"], {"task": env}
         final = out["eval/return_deterministic"][:, -1]
@@ -94,14 +94,14 @@ def tables(scale: Scale, results: dict) -> tuple[dict[str, list[dict]], dict[str
                  "mean_eval_return": float(mean[i]), "mean_sampled_age": histogram_mean(out["sampled_age_counts"][i]),
                  "num_updates": int(out["num_updates"][i])} for i, r in enumerate(res["grid"].rows)]
         counts = out["sampled_age_counts"].reshape(len(named), scale.scoring_seeds, -1).sum(1)
-        scores[env] = tau_study.score_rows(
+        scores[env] = freshper_tau_sweep.score_rows(
             named, picked, runs, ("mean_eval_return", "final_return"),
             {arm: histogram_mean(counts[i]) for i, arm in enumerate(named)}, res["config"].replay.buffer_iterations,
             cell)
-        for name, rows in (("runs", runs), ("tuning", tau_study.tuning_rows(
+        for name, rows in (("runs", runs), ("tuning", freshper_tau_sweep.tuning_rows(
                 named, scale.learning_rates, res["tuned"], picked, scale.tuning_seeds, "mean_eval_return", cell)),
-                           ("ess_vs_age", tau_study.ess_rows(res["drift"], cell)),
-                           ("sampled_age", tau_study.sampled_age_rows(named, picked, counts, cell)),
+                           ("ess_vs_age", freshper_tau_sweep.ess_rows(res["drift"], cell)),
+                           ("sampled_age", freshper_tau_sweep.sampled_age_rows(named, picked, counts, cell)),
                            ("score_vs_tau", list(scores[env].values()))):
             t.setdefault(name, []).extend(rows)
     return t, scores

@@ -3,7 +3,7 @@
 Three stages, each one vmapped program of :func:`fresh_rl.tabular_bandit.train` over a
 ``fresh_rl.sweep.product_grid`` run by :func:`fresh_rl.sweep.run_stage` in saved chunks: the
 on-policy *drift pilot* (exact ESS/n and KL of every stored behaviour policy by age), *tuning*
-(every arm of :mod:`fresh_rl.replay.tau_study` × the learning-rate grid) and *scoring* (every arm
+(every arm of :mod:`fresh_rl.eval.freshper_tau_sweep` × the learning-rate grid) and *scoring* (every arm
 at its pick on the next seeds). Replay updates use an Adam state of their own.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 
 from fresh_rl.lag import fit_ess_time_constant
 from fresh_rl.presets import Preset
-from fresh_rl.replay import tau_study
+from fresh_rl.eval import freshper_tau_sweep
 from fresh_rl.report import histogram_mean
 from fresh_rl.sweep import product_grid, run_stage
 from fresh_rl.tabular_bandit.bed import BedConfig, method_hparams, stack_hparams, train
@@ -70,7 +70,7 @@ def drift_pilot(scale: Scale, out_dir: Path, seed: int) -> dict:
     for i, lr in enumerate(lrs):
         learning = snapshot_j[i] < LEARNING_PHASE_REWARD
         learning = learning if learning.any() else np.ones_like(learning)
-        curves = {name: tau_study.mean_by_age(
+        curves = {name: freshper_tau_sweep.mean_by_age(
             out[f"{key}_by_age"].reshape(len(lrs), n, -1, bed.buffer_iterations)[i][:, learning])
             for name, key in (("ess_trajectory", "ess"), ("ess_step", "ess_step"), ("kl", "kl"))}
         drift[lr] = {**curves, "tau_trajectory": fit_ess_time_constant(ages, curves["ess_trajectory"]),
@@ -82,20 +82,20 @@ def drift_pilot(scale: Scale, out_dir: Path, seed: int) -> dict:
 def tune(scale: Scale, out_dir: Path, seed: int, log=print) -> dict:
     """Every arm × learning rate on the tuning seeds: the seed-mean J over the run per arm and rate
     (``mean_j[arm, lr]``), the picked rate per arm and the stage's wall time."""
-    bed, lrs, n, named = scale.bed, scale.learning_rates, scale.tuning_seeds, tau_study.arms(scale.taus)
+    bed, lrs, n, named = scale.bed, scale.learning_rates, scale.tuning_seeds, freshper_tau_sweep.arms(scale.taus)
     grid = product_grid(n, seed, arm=list(named), learning_rate=lrs)
     rows = [_hparams(*named[r["arm"]], r["learning_rate"]) for r in grid.rows]
     log(f"tuning: {grid.size} runs ({len(named)} arms x {len(lrs)} lrs x {n} seeds)")
     out, seconds = _run_grid(bed, RUN_KEEP, grid, rows, out_dir / "runs" / "tuning",
                              f"tuning {bed!r} seeds={n}@{seed} lrs={lrs} arms={named}", n * len(lrs))
     mean_j = out["expected_reward"].mean(-1).reshape(len(named), len(lrs), n).mean(-1)
-    return {"mean_j": mean_j, "picked": tau_study.picked_rates(mean_j, named, lrs), "seconds": seconds}
+    return {"mean_j": mean_j, "picked": freshper_tau_sweep.picked_rates(mean_j, named, lrs), "seconds": seconds}
 
 
 def score(scale: Scale, picked: dict, out_dir: Path, seed: int, log=print):
     """Every arm at its tuned learning rate on the scoring seeds (disjoint from the tuning ones):
     the grid, the runs' outputs and the stage's wall time."""
-    bed, n, named = scale.bed, scale.scoring_seeds, tau_study.arms(scale.taus)
+    bed, n, named = scale.bed, scale.scoring_seeds, freshper_tau_sweep.arms(scale.taus)
     grid = product_grid(n, seed + scale.tuning_seeds, arm=list(named))
     rows = [_hparams(*named[r["arm"]], picked[r["arm"]]) for r in grid.rows]
     log(f"scoring: {grid.size} runs ({len(named)} arms x {n} seeds) at the tuned rates {picked}")
@@ -107,7 +107,7 @@ def score(scale: Scale, picked: dict, out_dir: Path, seed: int, log=print):
 def tables(scale: Scale, pilot: dict, tuning: dict, grid, out: dict) -> tuple[dict[str, list[dict]], dict]:
     """The study's CSV tables (name → rows) and the score table of every arm (arm → row; the
     ``score_vs_tau.csv`` rows are the arms on the τ axis)."""
-    named, picked = tau_study.arms(scale.taus), tuning["picked"]
+    named, picked = freshper_tau_sweep.arms(scale.taus), tuning["picked"]
     runs = [{"arm": r["arm"], "method": named[r["arm"]][0], "tau": named[r["arm"]][1],
              "learning_rate": picked[r["arm"]], "seed": r["seed"],
              "final_expected_reward": float(out["expected_reward"][i, -1]),
@@ -117,22 +117,22 @@ def tables(scale: Scale, pilot: dict, tuning: dict, grid, out: dict) -> tuple[di
              "num_updates": int(out["num_updates"][i]), "adam_count": int(out["adam_count"][i])}
             for i, r in enumerate(grid.rows)]
     counts = out["sampled_age_counts"].reshape(len(named), scale.scoring_seeds, -1).sum(1)  # [arms, H]
-    table = tau_study.score_rows(
+    table = freshper_tau_sweep.score_rows(
         named, picked, runs, ("mean_expected_reward", "final_expected_reward"),
         {arm: float(np.mean([r["mean_sampled_age"] for r in runs if r["arm"] == arm])) for arm in named},
         scale.bed.buffer_iterations)
     return {"runs": runs,
-            "tuning": tau_study.tuning_rows(named, scale.learning_rates, tuning["mean_j"], picked, scale.tuning_seeds,
+            "tuning": freshper_tau_sweep.tuning_rows(named, scale.learning_rates, tuning["mean_j"], picked, scale.tuning_seeds,
                                             "mean_expected_reward"),
-            "ess_vs_age": tau_study.ess_rows(pilot["by_lr"]),
-            "sampled_age": tau_study.sampled_age_rows(named, picked, counts),
-            "score_vs_tau": [table[a] for a in tau_study.tau_arms(named)]}, table
+            "ess_vs_age": freshper_tau_sweep.ess_rows(pilot["by_lr"]),
+            "sampled_age": freshper_tau_sweep.sampled_age_rows(named, picked, counts),
+            "score_vs_tau": [table[a] for a in freshper_tau_sweep.tau_arms(named)]}, table
 
 
 def reading_lines(scale: Scale, table: dict, picked: dict) -> list[str]:
     """The shape of score against τ, the matched-updates control and the tuning edge, as bullet
     lines computed from the scoring table (seed means; the verdicts test them)."""
-    on_axis = tau_study.tau_arms(tau_study.arms(scale.taus))
+    on_axis = freshper_tau_sweep.tau_arms(freshper_tau_sweep.arms(scale.taus))
     means = [table[a]["mean"] for a in on_axis]  # τ ascending, then ∞
     shape = (f"falls monotonically with τ, from {means[0]:.4f} at τ = {scale.taus[0]:g} to {means[-1]:.4f} at "
              "τ = ∞ (PER)" if all(x >= y for x, y in zip(means, means[1:])) else
