@@ -30,8 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fresh_rl.control.old_logits_factorial_study import ROUTES, Scale, effects, factorial_task, reset_rates, run_cell
-from fresh_rl.eval.route_claims import FACTORIAL_CONTRASTS, TARGET_RESET_RATE
+from fresh_rl.control.old_logits_factorial_study import ROUTES, Scale, effects, factorial_task, run_cell
+from fresh_rl.eval.route_claims import FACTORIAL_CONTRASTS, TARGET_RESET_RATE, reset_rates
 from fresh_rl.presets import named
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, write_atomic, write_csv
 from fresh_rl.report import grouped, interval, interval_text, markdown_table, save_panels, write_readme

@@ -18,7 +18,7 @@ from fresh_rl.control.config import DEFAULT_MIS, TrainConfig
 from fresh_rl.control.hyperparams import HyperParams
 from fresh_rl.control.train import train
 from fresh_rl.eval import eval_mean_score, seed_interval
-from fresh_rl.eval.route_claims import FACTORIAL_ARMS, factorial_effects, nearest_reset_rate
+from fresh_rl.eval.route_claims import FACTORIAL_ARMS, factorial_effects, nearest_reset_rate, reset_rates
 from fresh_rl.lag import DelayConfig
 from fresh_rl.presets import Preset
 from fresh_rl.sweep import run_stage
@@ -107,11 +107,6 @@ def run_cell(task: TrainConfig, setting: str, scale: Scale, out_dir: Path, seed:
             "runs": [{**cell, **r} for r in scoring], "seconds": t1 + t2 + t3, "threshold": threshold}
 
 
-def reset_rates(rows: list[dict], thresholds) -> dict[float, float]:
-    """Threshold → the mean ``reset_rate`` of ``rows`` at it."""
-    return {t: np.mean([r["reset_rate"] for r in rows if r["threshold"] == t]) for t in thresholds}
-
-
 def effects(runs: list[dict]) -> list[dict]:
     """Per cell and metric: the factorial's contrasts
     (:data:`fresh_rl.eval.route_claims.FACTORIAL_CONTRASTS`) and the reset's, seed-paired."""
@@ -135,4 +130,4 @@ def effects(runs: list[dict]) -> list[dict]:
 
 
 __all__ = ["KEEP", "RESET_CONTRAST", "ROUTES", "SETTINGS", "TUNED", "Scale", "effects", "factorial_task",
-           "reset_rates", "run_cell", "stage"]
+           "run_cell", "stage"]

@@ -78,6 +78,11 @@ def factorial_effects(values: dict[str, np.ndarray]) -> list[dict]:
     return rows
 
 
+def reset_rates(rows, thresholds) -> dict[float, float]:
+    """Threshold → the mean ``reset_rate`` of the ``rows`` (calibration runs) at that ``threshold``."""
+    return {t: float(np.mean([r["reset_rate"] for r in rows if r["threshold"] == t])) for t in thresholds}
+
+
 def nearest_reset_rate(rates: dict[float, float], target: float = TARGET_RESET_RATE) -> float:
     """The threshold of ``rates`` (threshold → measured reset rate) whose rate is nearest
     ``target``; the first in ``rates``' order on a tie."""
@@ -127,4 +132,4 @@ def decide_route_claims(metric_of: Callable[[str, str], Optional[np.ndarray]], m
 
 
 __all__ = ["FACTORIAL_ARMS", "FACTORIAL_CONTRASTS", "MIDPOINT", "MIN_MASKED_FRACTION", "RECOVERY_CLAIMS", "ROUTE_CLAIMS",
-           "TARGET_RESET_RATE", "decide_route_claims", "factorial_effects", "nearest_reset_rate"]
+           "TARGET_RESET_RATE", "decide_route_claims", "factorial_effects", "nearest_reset_rate", "reset_rates"]
