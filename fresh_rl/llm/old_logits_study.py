@@ -19,9 +19,9 @@ from fresh_rl.eval import seed_interval
 from fresh_rl.eval.route_claims import FACTORIAL_ARMS, factorial_effects
 from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm.evaluation import evaluate_policies
-from fresh_rl.llm.old_logits_verdicts import full_ring
+from fresh_rl.llm.old_logits_verdicts import full_ring, route_verdicts
 from fresh_rl.llm.presets import OldLogitsScale as Scale
-from fresh_rl.provenance import write_csv
+from fresh_rl.provenance import write_atomic, write_csv
 from fresh_rl.report import markdown_table
 from fresh_rl.sweep.checkpoint import RunCheckpointer
 from fresh_rl.sweep.integrity import tree_checksum
@@ -243,6 +243,69 @@ def overhead_markdown(rows: list[dict]) -> str:
           f"{r['time_vs_linear_proxy']:.2f}") for r in rows))) + "\n"
 
 
+def run_grid(scale: Scale, params, model_config, out: str, resume: bool, max_runs, log) -> tuple[dict, dict]:
+    """The grid's runs in :func:`run_order` (with ``resume``, the finished ones loaded from
+    ``out/runs``), at most ``max_runs`` new ones (None: all), then, unless cut short, the overhead
+    runs of the repair routes the grid lacks. Returns ``(histories, timed)``: ``{(route, W,
+    partial): [per-seed history]}`` in :func:`grid_cells` order and ``{route: history}`` at the
+    overhead window."""
+    histories, timed = load_runs(scale, out) if resume else ({}, {})
+    stopped, new_runs = False, 0
+    for route, window, partial, seed in run_order(scale):
+        if len(histories.get((route, window, partial), [])) > seed:
+            continue
+        if max_runs is not None and new_runs == max_runs:
+            log(f"--max-runs {max_runs} reached before {run_name(route, window, partial, seed)}: "
+                f"summarising the finished runs (rerun with --resume to continue)")
+            stopped = True
+            break
+        new_runs += 1
+        history = run_one(scale, route, window, partial, seed, scale.iterations, params, model_config, out)
+        histories.setdefault((route, window, partial), []).append(history)
+        log(f"{run_name(route, window, partial, seed)}: success {history['success_rate'].mean():.3f} active "
+            f"{history['active_token_fraction'].mean():.3f} |log r_d| {history['abs_log_rd_mean'].mean():.4f} "
+            f"s/step {np.median(history['wall_seconds'][1:]):.2f}")
+        if window == scale.overhead_window and not partial and seed == 0:
+            timed[route] = history
+    histories = {cell: histories[cell] for cell in grid_cells(scale) if cell in histories}
+    if scale.overhead_iterations and not stopped:
+        for route in REPAIR_ROUTES:
+            if route not in timed:
+                timed[route] = run_one(scale, route, scale.overhead_window, False, 0, scale.overhead_iterations,
+                                       params, model_config, out)
+                log(f"overhead run {route}: s/step {np.median(timed[route]['wall_seconds'][1:]):.2f}")
+    return histories, timed
+
+
+def write_overhead(out: str, rows: list[dict]) -> None:
+    """``overhead.csv`` and ``overhead.md`` (:func:`overhead_markdown`) of :func:`overhead_rows`."""
+    write_csv(os.path.join(out, "overhead.csv"), rows)
+    write_atomic(os.path.join(out, "overhead.md"), overhead_markdown(rows))
+
+
+def write_tables(scale: Scale, histories: dict, timed: dict, params, model_config, out: str, log) -> tuple[list, list]:
+    """The grid's tables in ``out``: ``curves.csv`` and ``summary.csv`` (:func:`summarise`), the
+    overhead of the timed repair routes, and when the scale evaluates ``eval.csv``,
+    ``eval_summary.csv`` (:func:`evaluation_tables`, the warm start evaluated here),
+    ``verdicts.csv`` (:func:`fresh_rl.llm.old_logits_verdicts.route_verdicts`) and ``effects.csv``
+    (:func:`factorial_tables`), each where it has rows. Returns ``(curves, summary)``."""
+    curves, summary = summarise(histories, scale)
+    write_csv(os.path.join(out, "curves.csv"), curves)
+    write_csv(os.path.join(out, "summary.csv"), summary)
+    if timed:
+        write_overhead(out, overhead_rows({r: timed[r] for r in REPAIR_ROUTES if r in timed}, scale, params))
+    if scale.eval_episodes:
+        rows, eval_summary = evaluation_tables(scale, out, evaluate_policies(scale, model_config, {"warm_start": params}))
+        write_csv(os.path.join(out, "eval.csv"), rows)
+        write_csv(os.path.join(out, "eval_summary.csv"), eval_summary)
+        log(f"evaluation: {eval_summary}")
+        for name, table in (("verdicts", route_verdicts(scale, histories, rows)),
+                            ("effects", factorial_tables(scale, histories, rows))):
+            if table:
+                write_csv(os.path.join(out, f"{name}.csv"), table)
+    return curves, summary
+
+
 __all__ = ["CURVE_METRICS", "RENAMED_COLUMNS", "evaluation_tables", "factorial_tables", "grid_cells", "load_runs",
-           "overhead_markdown", "overhead_rows", "read_run_csv", "run_name", "run_one", "run_order", "summarise",
-           "time_routes_interleaved"]
+           "overhead_markdown", "overhead_rows", "read_run_csv", "run_grid", "run_name", "run_one", "run_order",
+           "summarise", "time_routes_interleaved", "write_overhead", "write_tables"]
