@@ -71,9 +71,9 @@ def plot(curves: list[dict], summary: list[dict], scale: OldLogitsScale, out: st
             metric, label = panel
             for route in scale.grid_routes:
                 rows = by_route.get((route,), [])
-                mean = np.array([r[metric] for r in rows])
-                ax.errorbar([r["window"] for r in rows], mean, marker="o", capsize=3, label=route,
-                            yerr=[mean - [r[f"{metric}_low"] for r in rows], [r[f"{metric}_high"] for r in rows] - mean])
+                mean, low, high = (np.array([r[metric + end] for r in rows]) for end in ("", "_low", "_high"))
+                ax.errorbar([r["window"] for r in rows], mean, yerr=[mean - low, high - mean], marker="o", capsize=3,
+                            label=route)
             ax.set(xscale="log", xticks=scale.windows, xticklabels=scale.windows, xlabel="staleness window W",
                    ylabel=label)
         save_panel_grid(os.path.join(out, "mechanism_vs_window.png"), [None],

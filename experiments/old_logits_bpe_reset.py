@@ -7,8 +7,9 @@ reset (ρ_active stays ≥ 0.98 at W = 16, results/old_logits_bpe). Two resumabl
 vmapped program (:func:`fresh_rl.llm.old_logits_reset_study.run_rows`; a threshold per row):
 
 1. *calibration* (its own seeds): ``ewma`` at every threshold of the grid; the threshold whose
-   reset rate (resets per iteration with a full ring, step ≥ W) is nearest :data:`fresh_rl.eval.route_claims.TARGET_RESET_RATE`
-   is kept (:func:`fresh_rl.eval.route_claims.nearest_reset_rate`);
+   reset rate (resets per iteration with a full ring, step ≥ W) is nearest
+   :data:`fresh_rl.eval.route_claims.TARGET_RESET_RATE` is kept
+   (:func:`~fresh_rl.eval.route_claims.nearest_reset_rate`);
 2. *scoring* (other seeds): ``ewma`` at that threshold and ``ewma_no_reset``, paired by seed; the
    final learner's success on the training prompts and on held-out prompts
    (:func:`fresh_rl.llm.evaluation.evaluate_policies`), and each run's reset rate and ρ_active.
@@ -71,7 +72,8 @@ def readme_lines(scale: Scale, bed, runs: list[dict], rate: dict, threshold: flo
                          "held-out success"), (
             (route, f"{rows[0]['threshold']:g}", f"{100 * np.mean([r['reset_rate'] for r in rows]):.0f}%",
              f"{np.mean([r['active_fraction'] for r in rows]):.4f}",
-             *(interval_text(*interval([r[k] for r in rows]), digits=3) for k in ("success_training", "success_held_out")))
+             *(interval_text(*interval([r[k] for r in rows]), digits=3)
+               for k in ("success_training", "success_held_out")))
             for (route,), rows in by.items())), "",
         "Verdicts: [results/VERDICTS.md](../VERDICTS.md#old_logits_bpe_reset) "
         "(experiments/claims/old_logits_bpe_reset.toml); a comparison whose measured reset rate lies outside "

@@ -93,10 +93,10 @@ def readme_lines(scale: Scale, t: dict, costs: list[dict], seconds: float, label
             "The reward columns are the same cell's (first learning rate) from the route comparison.", "",
             *markdown_table(("task", "W", "route", "exact", "parameter copies", "forwards per iteration",
                              "ms per run-iteration", "ρ_active", "return, mean over evals"), (
-                (r["task"], r["window"], r["route"], r["exact"], r["param_copies"], f"{r['forwards_per_iteration']:.2f}",
-                 f"{r['ms_per_run_iteration']:.2f}", *((f"{c['active_fraction']:.3f}", score(c, "mean"))
-                                                       if (c := reward.get((r["task"], r["window"], r["route"])))
-                                                       else ("—", "—"))) for r in costs))]
+                (r["task"], r["window"], r["route"], r["exact"], r["param_copies"],
+                 f"{r['forwards_per_iteration']:.2f}", f"{r['ms_per_run_iteration']:.2f}",
+                 *((f"{c['active_fraction']:.3f}", score(c, "mean"))
+                   if (c := reward.get((r["task"], r["window"], r["route"]))) else ("—", "—"))) for r in costs))]
     return lines
 
 

@@ -6,11 +6,13 @@ the clip centre each from ``snapshot`` (exact) or ``recompute_current`` (the cur
 arms ``snapshot``, ``mask_snapshot_clip_current``, ``mask_current_clip_snapshot``,
 ``recompute_current`` (:data:`fresh_rl.corrections.routes.FACTORIAL_ROUTES`). Staleness settings:
 fixed lag 4, fixed lag 16, uniform U{0..16} redrawn per iteration. Per (task, setting), three
-resumable stages (:func:`fresh_rl.control.old_logits_factorial_study.run_cell`), all routes traced in one program:
+resumable stages (:func:`fresh_rl.control.old_logits_factorial_study.run_cell`), all routes traced in
+one program:
 
 1. *tuning* (seeds 0–4): the four arms and ``ewma_no_reset`` × the learning-rate grid;
 2. *calibration* (seeds 0–4): ``ewma`` at every reset threshold, at ``ewma_no_reset``'s tuned
-   rate; the threshold whose reset rate is nearest :data:`fresh_rl.eval.route_claims.TARGET_RESET_RATE` is kept;
+   rate; the threshold whose reset rate is nearest :data:`fresh_rl.eval.route_claims.TARGET_RESET_RATE`
+   is kept;
 3. *scoring* (seeds 5–14): each arm at its tuned rate; ``ewma`` (calibrated threshold) and
    ``ewma_no_reset`` at ``ewma_no_reset``'s rate.
 
@@ -79,7 +81,8 @@ def readme_lines(scale: Scale, results: list[dict], t: dict, seed: int) -> list[
     arms = [[*key, f"{rows[0]['learning_rate']:g}", interval_text(*interval([r["mean_return"] for r in rows])),
              *(f"{np.mean([r[k] for r in rows]):.3f}" for k in ("active_fraction", "clip_fraction")),
              f"{np.mean([r['version_gap'] for r in rows]):.1f}",
-             f"{rows[0]['threshold']:g}: {100 * np.mean([r['reset_rate'] for r in rows]):.0f}%" if key[2] == "ewma" else ""]
+             f"{rows[0]['threshold']:g}: {100 * np.mean([r['reset_rate'] for r in rows]):.0f}%"
+             if key[2] == "ewma" else ""]
             for key, rows in grouped(t["runs"], ("task", "setting", "arm")).items()]
     returns = [e for e in t["effects"] if e["metric"] == "mean_return"]
     effect = {(e["task"], e["setting"], e["contrast"]): e for e in returns}

@@ -100,7 +100,8 @@ def run_cell(task: TrainConfig, setting: str, scale: Scale, out_dir: Path, seed:
     calibration, t2 = stage(config, scale, rows, out_dir, "calibration")
     threshold = nearest_reset_rate(reset_rates(calibration, scale.thresholds))
     scoring_seeds = range(seed + scale.tuning_seeds, seed + scale.tuning_seeds + scale.scoring_seeds)
-    rows = [{"arm": a, "learning_rate": lr[a], "threshold": threshold, "seed": s} for a in ROUTES for s in scoring_seeds]
+    rows = [{"arm": a, "learning_rate": lr[a], "threshold": threshold, "seed": s}
+            for a in ROUTES for s in scoring_seeds]
     scoring, t3 = stage(config, scale, rows, out_dir, "scoring")
     cell = {"task": task.env_name, "setting": setting}
     return {"tuning": [{**cell, **r} for r in tuning], "calibration": [{**cell, **r} for r in calibration],

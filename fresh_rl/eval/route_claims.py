@@ -131,5 +131,5 @@ def decide_route_claims(metric_of: Callable[[str, str], Optional[np.ndarray]], m
     return rows
 
 
-__all__ = ["FACTORIAL_ARMS", "FACTORIAL_CONTRASTS", "MIDPOINT", "MIN_MASKED_FRACTION", "RECOVERY_CLAIMS", "ROUTE_CLAIMS",
-           "TARGET_RESET_RATE", "decide_route_claims", "factorial_effects", "nearest_reset_rate", "reset_rates"]
+__all__ = ["FACTORIAL_ARMS", "FACTORIAL_CONTRASTS", "MIDPOINT", "MIN_MASKED_FRACTION", "RECOVERY_CLAIMS",
+           "ROUTE_CLAIMS", "TARGET_RESET_RATE", "decide_route_claims", "factorial_effects", "nearest_reset_rate", "reset_rates"]

@@ -46,12 +46,14 @@ def run_rows(scale: Scale, bed, route: str, rows: list[tuple[float, int]], name:
         state, history = ap.train_loop(
             bed.rl, async_config, [s for _, s in rows], bed.iterations, params=params, env=bed.env,
             model_config=model_config, hparams=hparams, checkpoint_every=4,
-            checkpointer=RunCheckpointer(out / "checkpoints" / name, fingerprint=repr((bed, name, rows, tree_checksum(params)))),
+            checkpointer=RunCheckpointer(out / "checkpoints" / name,
+                                         fingerprint=repr((bed, name, rows, tree_checksum(params)))),
             log=lambda i, m: print(f"[{name}] iteration {i + 1}/{bed.iterations}: ρ_active "
                                    f"{np.mean(m['active_token_fraction']):.4f}, {time.perf_counter() - started:.0f} s",
                                    flush=True))
         final = state.train.params
-        evaluation = evaluate_policies(bed, model_config, {i: jax.tree.map(lambda x: x[i], final) for i in range(len(rows))})
+        evaluation = evaluate_policies(bed, model_config,
+                                       {i: jax.tree.map(lambda x: x[i], final) for i in range(len(rows))})
         success = {p: np.array([next(r["success"] for r in evaluation if r["policy"] == i and r["prompts"] == p)
                                 for i in range(len(rows))]) for p in ("training", "held_out")}
         return {"threshold": np.array([t for t, _ in rows]), "seed": np.array([s for _, s in rows]),

@@ -295,7 +295,8 @@ def write_tables(scale: Scale, histories: dict, timed: dict, params, model_confi
     if timed:
         write_overhead(out, overhead_rows({r: timed[r] for r in REPAIR_ROUTES if r in timed}, scale, params))
     if scale.eval_episodes:
-        rows, eval_summary = evaluation_tables(scale, out, evaluate_policies(scale, model_config, {"warm_start": params}))
+        warm_start = evaluate_policies(scale, model_config, {"warm_start": params})
+        rows, eval_summary = evaluation_tables(scale, out, warm_start)
         write_csv(os.path.join(out, "eval.csv"), rows)
         write_csv(os.path.join(out, "eval_summary.csv"), eval_summary)
         log(f"evaluation: {eval_summary}")
