@@ -47,6 +47,9 @@ MIN_MASKED_FRACTION = 0.05
 """Below this fraction of samples masked by recompute_current, a cell cannot test a route claim."""
 MIDPOINT = "midpoint of snapshot and recompute_current"
 """Arm b of the recovery claims."""
+TARGET_RESET_RATE = 0.2
+"""The reset rate an EWMA reset threshold is calibrated to (resets per iteration): our choice,
+inside the 5–50% gate of the reset claims, a reset every ~5 iterations."""
 FACTORIAL_ARMS: tuple[str, ...] = ("snapshot", "mask_snapshot_clip_current", "mask_current_clip_snapshot",
                                    "recompute_current")
 """The mask × clip factorial's four routes as (mask source, clip centre): SS, SC, CS, CC, with S =
@@ -73,6 +76,17 @@ def factorial_effects(values: dict[str, np.ndarray]) -> list[dict]:
         mean, low, high = (float(x) for x in seed_interval(d))
         rows.append({"contrast": name, "difference": mean, "low": low, "high": high, "seeds": int(d.size)})
     return rows
+
+
+def reset_rates(rows, thresholds) -> dict[float, float]:
+    """Threshold → the mean ``reset_rate`` of the ``rows`` (calibration runs) at that ``threshold``."""
+    return {t: float(np.mean([r["reset_rate"] for r in rows if r["threshold"] == t])) for t in thresholds}
+
+
+def nearest_reset_rate(rates: dict[float, float], target: float = TARGET_RESET_RATE) -> float:
+    """The threshold of ``rates`` (threshold → measured reset rate) whose rate is nearest
+    ``target``; the first in ``rates``' order on a tie."""
+    return min(rates, key=lambda t: abs(rates[t] - target))
 
 
 def decide_route_claims(metric_of: Callable[[str, str], Optional[np.ndarray]], masked_fraction: float,
@@ -117,5 +131,5 @@ def decide_route_claims(metric_of: Callable[[str, str], Optional[np.ndarray]], m
     return rows
 
 
-__all__ = ["FACTORIAL_ARMS", "FACTORIAL_CONTRASTS", "MIDPOINT", "MIN_MASKED_FRACTION", "RECOVERY_CLAIMS", "ROUTE_CLAIMS",
-           "decide_route_claims", "factorial_effects"]
+__all__ = ["FACTORIAL_ARMS", "FACTORIAL_CONTRASTS", "MIDPOINT", "MIN_MASKED_FRACTION", "RECOVERY_CLAIMS",
+           "ROUTE_CLAIMS", "TARGET_RESET_RATE", "decide_route_claims", "factorial_effects", "nearest_reset_rate", "reset_rates"]
