@@ -1,6 +1,6 @@
 """Pieces the study reports share: intervals as table cells, Markdown tables, rows grouped by
 named columns, where a value falls on a grid, the mean of an age histogram, score-against-axis
-figures with intervals (a swept axis, τ), and the README a study writes.
+figures with intervals (a swept axis, τ), curves with 95% seed bands, and the README a study writes.
 
 The study scripts under ``experiments/`` write their tables (``fresh_rl.provenance.write_csv``)
 and READMEs from these, so every report spells an interval, a grid position and an age the same
@@ -127,5 +127,16 @@ def save_panel_grid(path: Path, rows: Sequence, columns: Sequence, draw: Callabl
     plt.close(fig)
 
 
+def plot_seed_bands(ax, series: Mapping[str, tuple[Sequence[float], np.ndarray]], xlabel: str, ylabel: str,
+                    alpha: float = 0.2) -> None:
+    """One curve per ``series`` entry (name → (xs, values ``[seeds, len(xs)]``)) on ``ax``: the
+    mean over seeds against x with its 95% Student-t band (:func:`fresh_rl.eval.seed_interval`)."""
+    for name, (xs, values) in series.items():
+        mean, low, high = seed_interval(np.asarray(values, np.float64), axis=0)
+        ax.plot(xs, mean, label=name)
+        ax.fill_between(xs, low, high, alpha=alpha)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+
+
 __all__ = ["grouped", "histogram_mean", "interval", "interval_text", "markdown_table", "plot_interval_curves",
-           "plot_score_vs_tau", "position_on_grid", "save_panel_grid", "save_panels", "write_readme"]
+           "plot_score_vs_tau", "plot_seed_bands", "position_on_grid", "save_panel_grid", "save_panels", "write_readme"]

@@ -99,6 +99,15 @@ def test_training_state_checkpoint_roundtrips_with_its_meta_and_rejects_another_
         RunCheckpointer(tmp_path / "state", fingerprint="b").restore_latest(jax.eval_shape(lambda: tree))
 
 
+def test_bpe_scale_refuses_an_evaluation_count_that_does_not_divide_the_steps():
+    from fresh_rl.llm.warm_start_study import BpeScale
+    config = WarmStartConfig(steps=4, batch_size=2, warmup_steps=1)
+    with pytest.raises(ValueError, match="evals=3 must be >= 1 and divide steps=4"):
+        BpeScale("bpe-5m", config, evals=3)
+    scale = BpeScale("bpe-5m", config, evals=2, tasks=("arithmetic",))
+    assert scale.task_names == ("arithmetic",) and set(scale.cycle) == {"arithmetic"}
+
+
 def _tiny_params(width):
     from fresh_rl.llm.model import Qwen2Config, init_params
     return init_params(Qwen2Config(vocab_size=64, hidden_size=width, intermediate_size=2 * width,
