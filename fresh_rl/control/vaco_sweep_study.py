@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -38,7 +39,7 @@ from fresh_rl.eval import (AGGREGATE_METRICS, aggregate_intervals, eval_area_und
                            eval_first_score, eval_initial_score, final_score, improvement_intervals, initial_score,
                            seed_interval)
 from fresh_rl.provenance import write_atomic, write_csv
-from fresh_rl.report import interval, markdown_table
+from fresh_rl.report import interval, interval_text, markdown_table
 from fresh_rl.results import DIMS_KEY, NamedArrays
 
 MIN_AGGREGATE_TASKS = 3
@@ -208,18 +209,19 @@ def lag_comparison(scale: Scale, scores: dict, value: str, tasks, reps: int) -> 
 
 
 def _cells(names, values) -> dict:
+    """``{name: value with 4 decimals}``: a table's interval or score columns."""
     return {name: f"{x:.4f}" for name, x in zip(names, values)}
 
 
-def aggregate_rows(agg: dict, improvement: dict, pair_rows: bool) -> list[dict]:
-    """Rows (lag, method, metric, point, ci_low, ci_high) of :func:`lag_comparison`; with
-    ``pair_rows`` its P(VACO variant > baseline) too, as method ``P(X > Y)``."""
+def aggregate_rows(agg: dict, improvement: Optional[dict] = None) -> list[dict]:
+    """Rows (lag, method, metric, point, ci_low, ci_high) of :func:`lag_comparison`'s aggregates,
+    then of its P(VACO variant > baseline) if given, as method ``P(X > Y)``."""
     columns = ("point", "ci_low", "ci_high")
     rows = [{"lag": lag_name(lag), "method": variant, "metric": metric, **_cells(columns, bounds)}
             for lag, table in agg.items() for variant, metrics in table.items() for metric, bounds in metrics.items()]
     return rows + [{"lag": lag_name(lag), "method": f"P({vaco} > {base})", "metric": "probability_of_improvement",
-                    **_cells(columns, p)} for lag, table in improvement.items() for (vaco, base), p in table.items()
-                   if pair_rows]
+                    **_cells(columns, p)} for lag, table in (improvement or {}).items()
+                   for (vaco, base), p in table.items()]
 
 
 def run_rows(results: dict) -> list[dict]:
@@ -327,7 +329,7 @@ def write_tables(scale: Scale, results: dict, out_dir: Path, header: dict, reps:
                          for i in range(len(steps))]}
     if len(scored) >= MIN_AGGREGATE_TASKS:
         t["aggregates"], t["improvement"] = lag_comparison(scale, scores, "headline", scored, reps)
-        tables["aggregates"] = aggregate_rows(t["aggregates"], t["improvement"], pair_rows=False)
+        tables["aggregates"] = aggregate_rows(t["aggregates"])
         tables["probability_of_improvement"] = [
             {"lag": lag_name(lag), "vaco_variant": vaco, "baseline": base,
              **_cells(("probability", "ci_low", "ci_high"), p)}
@@ -339,15 +341,17 @@ def write_tables(scale: Scale, results: dict, out_dir: Path, header: dict, reps:
                 t["delta_sweep"][variant, lag] = aggregate_intervals(matrices(
                     scores, {str(delta): (variant, lag, float(delta)) for delta in scale.deltas}, ablation_tasks),
                     reps=reps)
-        tables["delta_sweep"] = [{"variant": variant, "lag": lag_name(lag), "delta": delta,
-                                  **_cells(iqm_columns, m["iqm"]), "mean": f"{m['mean'][0]:.4f}"}
-                                 for (variant, lag), sweep in t["delta_sweep"].items() for delta, m in sweep.items()]
+        if t["delta_sweep"]:  # a scale without VACO variants has none
+            tables["delta_sweep"] = [
+                {"variant": variant, "lag": lag_name(lag), "delta": delta, **_cells(iqm_columns, m["iqm"]),
+                 "mean": f"{m['mean'][0]:.4f}"} for (variant, lag), sweep in t["delta_sweep"].items()
+                for delta, m in sweep.items()]
         # equal tuning: on the tasks with the δ sweep every variant is read at its best swept value
         # at the first lag (VACO's δ, as ppo_kl_fixed's β), then run under lag; the pick is made on
         # the seeds it is scored on (biased towards the tuned arm: experiments/verdicts.py picks on
         # half the seeds and scores on the other half)
         t["tuned"] = lag_comparison(scale, scores, "tuned", ablation_tasks, reps)
-        tables["equal_tuning"] = aggregate_rows(*t["tuned"], pair_rows=True)
+        tables["equal_tuning"] = aggregate_rows(*t["tuned"])
     if swept and scale.ablations:
         for lag in scale.study_lags:
             variants = ("vaco", *scale.ablations, *(m for m in scale.methods if m != "vaco"))
@@ -361,10 +365,6 @@ def write_tables(scale: Scale, results: dict, out_dir: Path, header: dict, reps:
     t["summary"] = summarize(scale, results, t, header)
     write_atomic(out_dir / "summary.md", t["summary"])
     return t
-
-
-def _fmt(t):
-    return f"{t[0]:.3f} [{t[1]:.3f}, {t[2]:.3f}]"
 
 
 def summarize(scale: Scale, results: dict, t: dict, header: dict) -> str:
@@ -407,13 +407,13 @@ def summarize(scale: Scale, results: dict, t: dict, header: dict) -> str:
     if t["aggregates"]:
         lines += ["", f"## Aggregates over {', '.join(agg_tasks) or 'all tasks'} (main methods)", "",
                   *markdown_table(("lag", "method", *AGGREGATE_METRICS), (
-                      (lag_name(lag), variant, *(_fmt(mets[m]) for m in AGGREGATE_METRICS))
+                      (lag_name(lag), variant, *(interval_text(*mets[m], digits=3) for m in AGGREGATE_METRICS))
                       for lag in scale.study_lags for variant, mets in t["aggregates"][lag].items())),
                   "", "## Probability of improvement (VACO variant over each baseline)", "",
                   "P(X > Y): the chance a run of X beats a run of Y on a task drawn at random (ties count ½), "
                   "with its 95% stratified-bootstrap CI; a CI entirely above 0.5 says X is better.", "",
                   *markdown_table(("lag", "pair", "P(X > Y)"), (
-                      (lag_name(lag), f"{vaco} > {base}", _fmt(p))
+                      (lag_name(lag), f"{vaco} > {base}", interval_text(*p, digits=3))
                       for lag, table in t["improvement"].items() for (vaco, base), p in table.items()))]
     else:
         cells = {(r["task"], r["variant"], r["lag"]): f"{r['mean']} [{r['ci_low']}, {r['ci_high']}]"
@@ -439,8 +439,8 @@ def summarize(scale: Scale, results: dict, t: dict, header: dict) -> str:
                   "VACO variants at their best δ at the first lag, as ppo_kl_fixed at its best β; the "
                   "others have no swept value.", "",
                   *markdown_table(("lag", "method", "IQM", "P(VACO variant > method)"), (
-                      (lag_name(lag), variant, _fmt(mets["iqm"]),
-                       "; ".join(f"{v}: {_fmt(tuned_improvement[lag][v, b])}"
+                      (lag_name(lag), variant, interval_text(*mets["iqm"], digits=3),
+                       "; ".join(f"{v}: {interval_text(*tuned_improvement[lag][v, b], digits=3)}"
                                  for (v, b) in tuned_improvement[lag] if b == variant) or "–")
                       for lag in scale.study_lags for variant, mets in tuned_agg[lag].items()))]
     lines += ["", "## Verdicts", "", "Decided in results/VERDICTS.md by experiments/verdicts.py from the "
@@ -454,6 +454,6 @@ def summarize(scale: Scale, results: dict, t: dict, header: dict) -> str:
                      + f" (spread {max(iqms.values()) - min(iqms.values()):.3f}).")
     for lag, table in t["ablation"].items():
         lines.append(f"- ablation at lag {lag_name(lag)} (IQM): "
-                     + ", ".join(f"{k} {_fmt(v['iqm'])}" for k, v in table.items()))
+                     + ", ".join(f"{k} {interval_text(*v['iqm'], digits=3)}" for k, v in table.items()))
     lines.append("")
     return "\n".join(lines)
