@@ -28,34 +28,34 @@ from pathlib import Path
 
 import numpy as np
 
-from fresh_rl.control.presets import VACO_SCALES, headline_index, lag_name
-from fresh_rl.eval import eval_area_under_curve, eval_final_score
+from fresh_rl.control.presets import VACO_SCALES, lag_name
+from fresh_rl.control.vaco_sweep_study import headline, load_run
+from fresh_rl.eval import eval_area_under_curve
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, provenance_line, write_atomic, write_csv
+from fresh_rl.report import markdown_table, save_panels
+from fresh_rl.results import NamedArrays
 
 RESULTS = REPOSITORY_ROOT / "results" / "vaco"
 VARIANTS = ("ppo_clip", "ppo_kl_fixed", "spo", "impala", "vaco")
 
 
-def regime_rows(data: dict, task: str, variant: str) -> tuple[list[dict], np.ndarray]:
-    """The rows of one saved run (arrays ``[lags, values, seeds, iterations]``) at the variant's
-    reported swept value, and that value's seed-mean deterministic curves ``[lags, I]``."""
-    valid = data["eval__valid"] > 0
-    final = eval_final_score(data["eval__return_deterministic"], valid)  # [lags, values, seeds]
-    v = headline_index(variant, data["deltas"], final)
-    pick = {k: np.asarray(data[k])[:, v] for k in data.files if np.ndim(data[k]) == 4}
-    gap = pick["lag__version_gap_mean"].astype(np.float64)  # [lags, seeds, I]
+def regime_rows(run: NamedArrays, task: str, variant: str) -> tuple[list[dict], np.ndarray]:
+    """The rows of one saved run (:func:`fresh_rl.control.vaco_sweep_study.load_run`) at the
+    variant's reported swept value, and that value's seed-mean deterministic curves ``[lags, I]``."""
+    at = headline(variant, run)  # [lags, seeds, ...]
+    valid = at["eval__valid"] > 0  # [lags, seeds, I]
+    gap = at["lag__version_gap_mean"].astype(np.float64)
     iterations = gap.shape[-1]
     k = np.arange(iterations)
     acting = np.clip(np.rint(k - gap), 0, iterations - 1).astype(int)  # version the actors used
-    entropy = pick["loss__entropy"].astype(np.float64)
+    entropy = at["loss__entropy"].astype(np.float64)
     actor_entropy = np.take_along_axis(entropy, acting, axis=-1)
-    curve = np.where(valid[:, v], pick["eval__return_deterministic"], np.nan)
-    evaluated = valid[:, v].any(axis=1)  # [lags, I]: the iterations with an evaluation
-    mean_curve = np.where(evaluated, np.nansum(curve, axis=1) / np.maximum(
-        valid[:, v].sum(axis=1), 1), np.nan)  # [lags, I]
-    auc = eval_area_under_curve(data["eval__return_deterministic"], valid)[:, v]
+    curve = np.where(valid, at["eval__return_deterministic"], np.nan)
+    evaluated = valid.any(axis=1)  # [lags, I]: the iterations with an evaluation
+    mean_curve = np.where(evaluated, np.nansum(curve, axis=1) / np.maximum(valid.sum(axis=1), 1), np.nan)
+    auc = eval_area_under_curve(at["eval__return_deterministic"], valid)
     rows = []
-    for i, lag in enumerate(np.asarray(data["lags"]).tolist()):
+    for i, lag in enumerate(at.coords["lag"]):
         peak = int(np.nanargmax(mean_curve[i]))
         rows.append({
             "task": task, "variant": variant, "lag": lag_name(lag), "versions": iterations,
@@ -64,36 +64,29 @@ def regime_rows(data: dict, task: str, variant: str) -> tuple[list[dict], np.nda
             "theta0_share": round(float((acting[i] == 0).mean()), 3),
             "actor_entropy": round(float(actor_entropy[i].mean()), 3),
             "learner_entropy_end": round(float(entropy[i][:, -1].mean()), 3),
-            "final_return": round(float(final[i, v].mean()), 1),
+            "final_return": round(float(at["final"][i].mean()), 1),
             "peak_return": round(float(mean_curve[i, peak]), 1), "peak_iteration": peak,
             "auc_return": round(float(auc[i].mean()), 1),
-            "clip_fraction": (round(float(pick["loss__clip_fraction"][i].mean()), 3)
-                              if "loss__clip_fraction" in pick else ""),
+            "clip_fraction": (round(float(at["loss__clip_fraction"][i].mean()), 3)
+                              if "loss__clip_fraction" in at else ""),
         })
     return rows, mean_curve
 
 
 def plot(curves: dict, rows: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    tasks = list(dict.fromkeys(t for t, _ in curves))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5 * len(tasks), 3.6), squeeze=False)
-    for ax, task in zip(axes[0], tasks):
-        mean_curve = curves[task, "ppo_clip"]
+    """PPO-clip's seed-mean learner curve per lag and task, the iterations on θ0 shaded."""
+    panels = {f"{task}: PPO-clip learner": task for task, _ in curves}
+
+    def panel(ax, title):
+        task = panels[title]
         lags = [r["lag"] for r in rows if r["task"] == task and r["variant"] == "ppo_clip"]
         for i, lag in enumerate(lags):
-            ok = np.isfinite(mean_curve[i])
-            line, = ax.plot(np.flatnonzero(ok), mean_curve[i][ok], label=f"lag {lag}")
+            ok = np.isfinite(curves[task, "ppo_clip"][i])
+            line, = ax.plot(np.flatnonzero(ok), curves[task, "ppo_clip"][i][ok], label=f"lag {lag}")
             if lag.isdigit() and int(lag) > 0:
                 ax.axvspan(0, int(lag), color=line.get_color(), alpha=0.08)
-        ax.set(title=f"{task}: PPO-clip learner", xlabel="iteration (= policy version)",
-               ylabel="deterministic return (seed mean)")
-        ax.legend(fontsize=7)
-    fig.suptitle("Shaded: iterations whose data came from θ0 at that fixed lag", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        ax.set(xlabel="iteration (= policy version); shaded: data from θ0", ylabel="deterministic return (seed mean)")
+    save_panels(path, list(panels), panel, 5.0, 3.6)
 
 
 def main(argv=None):
@@ -105,19 +98,15 @@ def main(argv=None):
     for task in VACO_SCALES["cpu"].tasks:
         for variant in VARIANTS:
             path = args.out / "runs" / f"{task.name.replace('/', '_')}__{variant}.npz"
-            if not path.exists():
-                continue
-            with np.load(path) as data:
-                got, curves[task.name, variant] = regime_rows(data, task.name, variant)
-            rows += got
+            if path.exists():
+                got, curves[task.name, variant] = regime_rows(load_run(path), task.name, variant)
+                rows += got
     if not rows:
         raise SystemExit(f"no saved runs of {VARIANTS} under {args.out / 'runs'}")
     write_csv(args.out / "regime.csv", rows)
     plot(curves, rows, args.out / "regime.png")
     columns = [c for c in rows[0] if c != "variant"]
-    table = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    table += ["| " + " | ".join(str(r[c]) for c in columns) + " |"
-              for r in rows if r["variant"] == "ppo_clip"]
+    table = markdown_table(columns, ([r[c] for c in columns] for r in rows if r["variant"] == "ppo_clip"))
     text = ["# The regime of the committed VACO study, measured", "",
             provenance_line(provenance(started=started)), "",
             "PPO-clip's rows; every variant's are in `regime.csv` (columns: experiments/"

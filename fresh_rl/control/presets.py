@@ -1,6 +1,7 @@
 """The VACO study's settings: tasks, scales, method variants and their static configs.
 
-``experiments/vaco_lag_sweep.py`` runs these (VACO, arXiv 2603.01365; docs/vaco.md): each
+``experiments/vaco_lag_sweep.py`` runs these through :mod:`fresh_rl.control.vaco_sweep_study`
+(VACO, arXiv 2603.01365; docs/vaco.md): each
 (task, variant) is one static :class:`~fresh_rl.control.train.TrainConfig`, and its seeds × lags
 × δ grid (:func:`variant_grid`, built by :func:`fresh_rl.sweep.product_grid`, the same grid and
 keys as ``fresh-rl sweep``) is one compiled program over traced :class:`HyperParams`, sharded
