@@ -71,12 +71,12 @@ def save_panels(path: Path, panels: Sequence, draw: Callable, width: float = 5.5
     plt.close(fig)
 
 
-def write_readme(out_dir: Path, title: str, header: Mapping, lines: Sequence[str]) -> str:
-    """``out_dir/README.md``: ``# title``, the provenance line of ``header``
-    (:func:`fresh_rl.provenance.provenance_line`), then ``lines``; written whole or not at all.
-    Returns the text."""
+def write_readme(out_dir: Path, title: str, header: Mapping, lines: Sequence[str], name: str = "README.md") -> str:
+    """``out_dir/name`` (``README.md`` unless a study shares its folder): ``# title``, the
+    provenance line of ``header`` (:func:`fresh_rl.provenance.provenance_line`), then ``lines``;
+    written whole or not at all. Returns the text."""
     text = "\n".join([f"# {title}", "", provenance_line(header), *lines]) + "\n"
-    write_atomic(Path(out_dir) / "README.md", text)
+    write_atomic(Path(out_dir) / name, text)
     return text
 
 
