@@ -45,7 +45,7 @@ import numpy as np
 
 from fresh_rl.control.freshper_study import SCALES, Scale, plot_drift_fit, readme_lines, run_task, tables
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, write_atomic, write_csv
-from fresh_rl.report import grouped, save_panels, write_readme
+from fresh_rl.report import grouped, save_panel_grid, write_readme
 from fresh_rl.sweep import output_lock
 from fresh_rl.sweep.study_cli import study_main
 
@@ -64,18 +64,15 @@ CLAIMS = (("standard PER (authors') < on-policy", "per_authors", "onpolicy", Fal
 
 
 def figure(scale: Scale, tasks: dict, t: dict, out_dir: Path) -> None:
-    """Per task: the pilot's ESS/n against age with its exp(−age/τ_fit), and the learner return
-    against τ/τ_fit (the τ_fit multiples and the short τ) with PER and the on-policy controls."""
+    """A column per task: the pilot's ESS/n against age with its exp(−age/τ_fit) above, the learner
+    return against τ/τ_fit (the τ_fit multiples and the short τ) with PER and the on-policy controls below."""
     import matplotlib.ticker
 
     final = {k: r["mean"] for k, (r,) in grouped(t["final"], ("task", "variant", "learning_rate")).items()}
 
-    panels = {f"{env}: {title}": (env, row) for row, title in (("drift", "drift of stored rows"),
-                                                                 ("score", "return against τ")) for env in tasks}
-
     def draw(ax, title):
-        env, row = panels[title]
-        if row == "drift":
+        env, panel = title.split(": ", 1)
+        if panel == "drift of stored rows":
             return plot_drift_fit(ax, tasks[env]["config"].replay.buffer_iterations, tasks[env]["drift"])
         for lr in scale.learning_rates:
             points = sorted((r for r in t["score_vs_tau"] if r["task"] == env and r["learning_rate"] == lr),
@@ -90,7 +87,8 @@ def figure(scale: Scale, tasks: dict, t: dict, out_dir: Path) -> None:
         ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.legend(fontsize=8)
-    save_panels(out_dir / "score_vs_tau.png", list(panels), draw, width=5)
+    save_panel_grid(out_dir / "score_vs_tau.png", [[f"{env}: {panel}" for env in tasks] for panel in (
+        "drift of stored rows", "return against τ")], draw, width=5)
 
 
 def run(scale: Scale, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:

@@ -2,12 +2,13 @@
 
 From the BPE warm start on the arithmetic task with a fixed pool of 64 training prompts (the bed
 where RL learns), REINFORCE++ with one fresh and K = 1 replay update per iteration
-(:mod:`fresh_rl.llm.replay_trainer`, run by :mod:`fresh_rl.llm.freshper_study`; the buffer holds the whole run). Arms: ``on_policy``
+(:mod:`fresh_rl.llm.replay_trainer`; the buffer holds the whole run). Arms: ``on_policy``
 (K = 0), ``per_authors`` (new trajectories at the running max priority, sampled ones refreshed;
 τ = ∞) and ``freshper_authors`` (that pipeline plus p·exp(−age/τ)) at the scale's two τ, rows of
-one program with common seeds. All seeds of an arm are one vmapped program, checkpointed every
-5 iterations (a rerun resumes; a finished arm is loaded from ``runs/<arm>.npz``). Every final
-policy is scored on the same held-out prompts (:data:`fresh_rl.llm.evaluation.EVAL_SEED`).
+one program with common seeds. All seeds of an arm are one vmapped program
+(:mod:`fresh_rl.llm.freshper_authors_study`), checkpointed every 5 iterations (a rerun resumes;
+a finished arm is loaded from ``runs/<arm>.npz``). Every final policy is scored on the same
+held-out prompts (:data:`fresh_rl.llm.evaluation.EVAL_SEED`).
 
 Outputs (``results/freshper_llm/``): ``runs.csv`` (one row per run: arm, τ, seed, held-out
 success, training success over the last third, mean replayed age, seconds per iteration),
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 
 from fresh_rl.llm.checkpoint import load_hf_model
-from fresh_rl.llm.freshper_study import plot_curves, readme_lines, run_arm, tables
+from fresh_rl.llm.freshper_authors_study import plot_curves, readme_lines, run_arm, tables
 from fresh_rl.llm.presets import BPE_TASKS, FRESHPER_SCALES, RESULTS, FreshPERScale
 from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.provenance import provenance, write_csv

@@ -57,18 +57,7 @@ def plot_interval_curves(ax, xs: Sequence, series: Mapping[str, Sequence[Sequenc
 def save_panels(path: Path, panels: Sequence, draw: Callable, width: float = 5.5, height: float = 4.0) -> None:
     """A row of one panel per item of ``panels`` (``draw(ax, item)`` fills each, titled by the
     item), the first panel's legend, saved at ``path`` (PNG, 110 dpi)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), height), squeeze=False)
-    for ax, item in zip(axes[0], panels):
-        draw(ax, item)
-        ax.set_title(str(item))
-    axes[0, 0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_panel_grid(path, [panels], draw, width, height)
 
 
 def write_readme(out_dir: Path, title: str, header: Mapping, lines: Sequence[str], name: str = "README.md") -> str:
@@ -116,5 +105,26 @@ def plot_score_vs_tau(ax, taus: Sequence[float], rows: Sequence[Mapping], contro
     ax.legend(fontsize=7)
 
 
+def save_panel_grid(path: Path, rows: Sequence[Sequence], draw: Callable, width: float = 5.5,
+                    height: float = 4.0) -> None:
+    """A grid of panels, a row per item of ``rows`` and in it a panel per item (every row as long;
+    ``draw(ax, item)`` fills each, titled by the item), the first panel's legend, saved at ``path``
+    (PNG, 110 dpi)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(rows), len(rows[0]), figsize=(width * len(rows[0]), height * len(rows)),
+                             squeeze=False)
+    for row_axes, items in zip(axes, rows):
+        for ax, item in zip(row_axes, items):
+            draw(ax, item)
+            ax.set_title(str(item))
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 __all__ = ["grouped", "histogram_mean", "interval", "interval_text", "markdown_table", "plot_interval_curves",
-           "plot_score_vs_tau", "position_on_grid", "save_panels", "write_readme"]
+           "plot_score_vs_tau", "position_on_grid", "save_panel_grid", "save_panels", "write_readme"]
