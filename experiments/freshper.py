@@ -8,8 +8,9 @@
 From the warm-started tiny LM (results/llm_warm_start/checkpoint), per task, runs the replay
 trainer (fresh_rl.llm.replay_trainer: one fresh update plus K replay updates per iteration,
 REINFORCE++ as in the paper) for each method, all seeds vmapped in one compiled program per
-(task, method) (:mod:`fresh_rl.llm.freshper_study`). The τ ablation runs inside the FreshPER program: τ is a state leaf of the
-buffer, so every τ and seed is one row of the same vmapped run (common seeds across τ).
+(task, method) (:mod:`fresh_rl.llm.freshper_study`). The τ ablation runs inside the FreshPER
+program: τ is a state leaf of the buffer, so every τ and seed is one row of the same vmapped
+run (common seeds across τ).
 Writes to --out (default results/freshper for cpu, results/freshper_<scale> otherwise):
 
   runs/<task>_<method>.npz   per-iteration metrics [rows, iterations] (rows = seeds, or
