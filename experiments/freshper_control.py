@@ -43,9 +43,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fresh_rl.control.freshper_study import SCALES, Scale, plot_drift_fit, run_task, tables
+from fresh_rl.control.freshper_study import SCALES, Scale, plot_drift_fit, readme_lines, run_task, tables
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, write_atomic, write_csv
-from fresh_rl.report import grouped, interval_text, markdown_table, save_panels, write_readme
+from fresh_rl.report import grouped, save_panel_grid, titled, write_readme
 from fresh_rl.sweep import output_lock
 from fresh_rl.sweep.study_cli import study_main
 
@@ -64,18 +64,15 @@ CLAIMS = (("standard PER (authors') < on-policy", "per_authors", "onpolicy", Fal
 
 
 def figure(scale: Scale, tasks: dict, t: dict, out_dir: Path) -> None:
-    """Per task: the pilot's ESS/n against age with its exp(−age/τ_fit), and the learner return
-    against τ/τ_fit (the τ_fit multiples and the short τ) with PER and the on-policy controls."""
+    """A column per task: the pilot's ESS/n against age with its exp(−age/τ_fit) above, the learner
+    return against τ/τ_fit (the τ_fit multiples and the short τ) with PER and the on-policy controls below."""
     import matplotlib.ticker
 
     final = {k: r["mean"] for k, (r,) in grouped(t["final"], ("task", "variant", "learning_rate")).items()}
 
-    panels = {f"{env}: {title}": (env, row) for row, title in (("drift", "drift of stored rows"),
-                                                                 ("score", "return against τ")) for env in tasks}
-
     def draw(ax, title):
-        env, row = panels[title]
-        if row == "drift":
+        env, panel = title.split(": ", 1)
+        if panel == "drift of stored rows":
             return plot_drift_fit(ax, tasks[env]["config"].replay.buffer_iterations, tasks[env]["drift"])
         for lr in scale.learning_rates:
             points = sorted((r for r in t["score_vs_tau"] if r["task"] == env and r["learning_rate"] == lr),
@@ -90,63 +87,8 @@ def figure(scale: Scale, tasks: dict, t: dict, out_dir: Path) -> None:
         ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.legend(fontsize=8)
-    save_panels(out_dir / "score_vs_tau.png", list(panels), draw, width=5)
-
-
-def _interval(r: dict, column: str) -> str:
-    return interval_text(r[column], r[f"{column}_low"], r[f"{column}_high"])
-
-
-def _difference(r: dict, prefix: str) -> str:
-    return f"{r[f'{prefix}_difference']:+.1f} [{r[f'{prefix}_low']:+.1f}, {r[f'{prefix}_high']:+.1f}]"
-
-
-def readme_lines(scale: Scale, tasks: dict, t: dict) -> list[str]:
-    lrs, c = scale.learning_rates, next(iter(tasks.values()))["config"]
-    replay, h = c.replay, c.replay.buffer_iterations
-
-    return [
-        "Stage wall times (compilation included; a rerun restores saved chunks): " + ", ".join(
-            f"{env} pilot {k['drift'][lrs[0]]['stage_seconds']:.0f} s, study {k['study']['seconds']:.0f} s, "
-            f"per-batch IS {k['batch_is']['seconds']:.0f} s, short τ {k['short_tau']['seconds']:.0f} s"
-            for env, k in tasks.items()) + ".", "",
-        f"Trainer: `fresh_rl.control.train` with data source `{c.data_source}` (method `{c.method}`, actors at lag 0), "
-        f"{c.num_envs} envs × T = {c.rollout_length} steps per iteration, {c.num_iterations} iterations, 1 fresh "
-        f"full-batch step + K = {replay.extra_updates} extra steps, buffer of {h} iterations ({c.num_envs * h} rows), "
-        f"priority `{replay.priority}`, α = {replay.priority_exponent}, β = {replay.importance_exponent}, floor "
-        f"{replay.min_decayed_priority}, IS normalisation `{replay.importance_weight_normalization}`; Adam (clip "
-        f"{c.max_grad_norm}); learner evaluation every {c.eval_every} iterations, {c.eval_episodes} deterministic "
-        f"episodes. {scale.num_seeds} seeds per cell; every variant at every lr of {list(lrs)}.", "",
-        "## Drift (on-policy pilot, per-step ESS/n of stored rows by age)", "",
-        *markdown_table(("task", "lr", "τ_fit (iterations)", "buffer / τ_fit", "ESS/n at age 10", "at 50", "at 200",
-                         "KL at age 10", "at 50", "at 200"), (
-            (env, lr, f"{d['tau_fit']:.1f}", f"{k['config'].replay.buffer_iterations / d['tau_fit']:.2f}",
-             *(f"{d[m][min(a, k['config'].replay.buffer_iterations - 1)]:.3f}" for m in ("ess", "kl") for a in (10, 50, 200)))
-            for env, k in tasks.items() for lr, d in k["drift"].items())), "",
-        "## Final learner return (95% Student-t intervals over seeds)", "",
-        *markdown_table(("task", "variant", "lr", "final return", "mean over evaluations"), (
-            (r["task"], r["variant"], r["learning_rate"], _interval(r, "final"), _interval(r, "mean")) for r in t["final"])), "",
-        "## Verdicts", "",
-        "Every claim of this bed is decided in [results/VERDICTS.md](../VERDICTS.md) (generated by "
-        "`python experiments/verdicts.py` from `runs.csv`, `short_tau_runs.csv` and the declaration "
-        "experiments/claims/freshper_control.toml): one pooled Student-t test over the (task, lr) cells "
-        "whose buffer is stale enough, per-cell results Holm-corrected. `verdicts.csv` has the per-cell "
-        "paired differences (Holm-corrected per claim and score).", "",
-        "## IS weights normalised per batch instead of buffer-wide (`is_normalization.csv`)", "",
-        "The same seeds, so the difference is paired; claim tested: per-batch > buffer-wide.", "",
-        *markdown_table(("task", "variant", "lr", "final, per-batch weights", "Δ final vs buffer-wide (95% CI)",
-                         "mean over evaluations, per-batch", "Δ mean"), (
-            (r["task"], r["variant"], r["learning_rate"], _interval(r, "final_batch_is"),
-             _difference(r, "final"), _interval(r, "mean_batch_is"), _difference(r, "mean")) for r in t["is_normalization"])), "",
-        "## FreshPER at short τ (`short_tau.csv`)", "",
-        "τ in iterations; KL = the pilot's per-step KL of data of age τ; age = mean age of the "
-        "replayed rows; Δ paired against PER with given priorities (mean over evaluations) "
-        "and against on-policy with 1 + K epochs.", "",
-        *markdown_table(("task", "lr", "τ", "KL at age τ", "age", "mean over evaluations", "Δ vs PER",
-                         "Δ vs 1 + K epochs"), (
-            (r["task"], r["learning_rate"], f"{r['tau']:.0f}", f"{r['pilot_kl_at_age_tau']:.3f}",
-             f"{r['mean_sampled_age']:.1f}", _interval(r, "mean"), _difference(r, "vs_per_mean"),
-             _difference(r, "vs_onpolicy_epochs_mean")) for r in t["short_tau"]))]
+    save_panel_grid(out_dir / "score_vs_tau.png", ("drift of stored rows", "return against τ"), list(tasks),
+                    lambda ax, panel, env: titled(draw, ax, f"{env}: {panel}"), width=5, height=4.0)
 
 
 def run(scale: Scale, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:

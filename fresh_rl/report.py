@@ -57,18 +57,15 @@ def plot_interval_curves(ax, xs: Sequence, series: Mapping[str, Sequence[Sequenc
 def save_panels(path: Path, panels: Sequence, draw: Callable, width: float = 5.5, height: float = 4.0) -> None:
     """A row of one panel per item of ``panels`` (``draw(ax, item)`` fills each, titled by the
     item), the first panel's legend, saved at ``path`` (PNG, 110 dpi)."""
-    def titled(ax, _, item):
-        draw(ax, item)
-        ax.set_title(str(item))
-    save_panel_grid(path, [None], panels, titled, width, height)
+    save_panel_grid(path, [None], panels, lambda ax, _, item: titled(draw, ax, item), width, height)
 
 
-def write_readme(out_dir: Path, title: str, header: Mapping, lines: Sequence[str]) -> str:
-    """``out_dir/README.md``: ``# title``, the provenance line of ``header``
-    (:func:`fresh_rl.provenance.provenance_line`), then ``lines``; written whole or not at all.
-    Returns the text."""
+def write_readme(out_dir: Path, title: str, header: Mapping, lines: Sequence[str], name: str = "README.md") -> str:
+    """``out_dir/name`` (``README.md`` unless a study shares its folder): ``# title``, the
+    provenance line of ``header`` (:func:`fresh_rl.provenance.provenance_line`), then ``lines``;
+    written whole or not at all. Returns the text."""
     text = "\n".join([f"# {title}", "", provenance_line(header), *lines]) + "\n"
-    write_atomic(Path(out_dir) / "README.md", text)
+    write_atomic(Path(out_dir) / name, text)
     return text
 
 
@@ -108,6 +105,12 @@ def plot_score_vs_tau(ax, taus: Sequence[float], rows: Sequence[Mapping], contro
     ax.legend(fontsize=7)
 
 
+def titled(draw: Callable, ax, item) -> None:
+    """``draw(ax, item)``, then ``item`` as the panel's title."""
+    draw(ax, item)
+    ax.set_title(str(item))
+
+
 def save_panel_grid(path: Path, rows: Sequence, columns: Sequence, draw: Callable, width: float = 5.0,
                     height: float = 3.5) -> None:
     """A grid of panels, one per (item of ``rows``, item of ``columns``) (``draw(ax, row, column)``
@@ -139,4 +142,5 @@ def plot_seed_bands(ax, series: Mapping[str, tuple[Sequence[float], np.ndarray]]
 
 
 __all__ = ["grouped", "histogram_mean", "interval", "interval_text", "markdown_table", "plot_interval_curves",
-           "plot_score_vs_tau", "plot_seed_bands", "position_on_grid", "save_panel_grid", "save_panels", "write_readme"]
+           "plot_score_vs_tau", "plot_seed_bands", "position_on_grid", "save_panel_grid", "save_panels", "titled",
+           "write_readme"]
