@@ -13,7 +13,7 @@ resumable from its saved chunks (``--fresh`` recomputes):
    rate with the best mean J over the run (every arm gets a grid of the same size);
 3. *scoring* (the next n_score seeds): every arm at its tuned rate.
 
-Arms (:mod:`fresh_rl.eval.freshper_tau_sweep`): on-policy, 1 + K epochs (matched updates), uniform
+Arms (:mod:`fresh_rl.studies.freshper_tau_sweep`): on-policy, 1 + K epochs (matched updates), uniform
 replay, the authors' PER (``per_authors``: new items at max priority, sampled items refreshed;
 τ = ∞) and ``freshper_authors`` (that pipeline plus p·exp(−age/τ)) at every τ of the grid, in
 versions. Replay updates use an Adam state of their own, so the data replayed is not confounded
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from fresh_rl.presets import named
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, write_atomic, write_csv
-from fresh_rl.eval import freshper_tau_sweep
+from fresh_rl.studies import freshper_tau_sweep
 from fresh_rl.report import markdown_table, plot_score_vs_tau, position_on_grid, save_panels, write_readme
 from fresh_rl.sweep import output_lock
 from fresh_rl.sweep.study_cli import study_main

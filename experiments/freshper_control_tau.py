@@ -3,7 +3,7 @@
 Trainer :func:`fresh_rl.control.train.train` (data source ``replay_freshper``: every replay
 method is a row of traced leaves; method ``ppo_clip``, one full-batch fresh step per iteration,
 actors at lag 0, K = 2 extra updates, replay updates on an Adam state of their own). Arms
-(:mod:`fresh_rl.eval.freshper_tau_sweep`): on-policy, 1 + K epochs (matched updates), uniform replay,
+(:mod:`fresh_rl.studies.freshper_tau_sweep`): on-policy, 1 + K epochs (matched updates), uniform replay,
 ``per_authors`` (new rows at the running max priority, sampled rows refreshed; τ = ∞) and
 ``freshper_authors`` (that pipeline plus p·exp(−age/τ)) at τ ∈ {1, 3, 10, 30, 100} versions. One
 version per iteration; the buffer spans 300 versions (≥ 10 τ for τ ≤ 30, the τ the claims use)
@@ -36,7 +36,7 @@ from fresh_rl.control.freshper_study import study_config
 from fresh_rl.control.freshper_tau_study import Scale, run_task, tables
 from fresh_rl.presets import named
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, write_atomic, write_csv
-from fresh_rl.eval import freshper_tau_sweep
+from fresh_rl.studies import freshper_tau_sweep
 from fresh_rl.report import markdown_table, plot_score_vs_tau, position_on_grid, save_panels, write_readme
 from fresh_rl.sweep import output_lock
 from fresh_rl.sweep.study_cli import study_main

@@ -12,7 +12,7 @@ the paper; its exact constants are not known, so κ is a knob).
 Standard PER keeps drawing the stale, high-priority early trajectories; FreshPER's
 ``exp(−age/τ)`` decay moves the sampled mass to recent data; uniform replay sits between.
 The script runs every sampler on the same stream, all seeds vmapped in one jitted scan
-(:mod:`fresh_rl.eval.priority_staleness`), and writes
+(:mod:`fresh_rl.studies.priority_staleness`), and writes
 ``results/freshper/priority_staleness.{csv,png,md}``.
 
     python experiments/priority_staleness.py --scale ci     # seconds
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag
-from fresh_rl.eval.priority_staleness import StalenessConfig, plot_streams, run_samplers, summary_lines, version_rows
+from fresh_rl.studies.priority_staleness import StalenessConfig, plot_streams, run_samplers, summary_lines, version_rows
 from fresh_rl.presets import named
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, write_csv
 from fresh_rl.report import write_readme

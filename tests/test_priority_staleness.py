@@ -1,10 +1,10 @@
-"""fresh_rl.eval.priority_staleness: the aging-buffer simulation against what uniform replay must give."""
+"""fresh_rl.studies.priority_staleness: the aging-buffer simulation against what uniform replay must give."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fresh_rl.eval.priority_staleness import StalenessConfig, run_samplers, summary_lines, version_rows
+from fresh_rl.studies.priority_staleness import StalenessConfig, run_samplers, summary_lines, version_rows
 
 CONFIG = StalenessConfig(num_versions=120, insert_batch=16, sample_batch=16, capacity=256, reward_scale_decay=50.0,
                          num_seeds=2)

@@ -31,7 +31,7 @@ from fresh_rl.eval import holm_over_cells, paired_claim, seed_interval
 from fresh_rl.lag import fit_ess_time_constant
 from fresh_rl.presets import Preset, named
 from fresh_rl.replay.methods import REPLAY_METHODS, replay_hparams
-from fresh_rl.eval.freshper_tau_sweep import mean_by_age
+from fresh_rl.studies.freshper_tau_sweep import mean_by_age
 from fresh_rl.report import histogram_mean, interval_text, markdown_table
 from fresh_rl.sweep import product_grid, run_stage
 

@@ -1,7 +1,7 @@
 """The stages and tables of FreshPER's τ sweep in control (``experiments/freshper_control_tau.py``).
 
 Per task two resumable stages (:func:`fresh_rl.sweep.run_stage`) of
-:func:`fresh_rl.control.freshper_study.train_kept` over the arms of :mod:`fresh_rl.eval.freshper_tau_sweep`,
+:func:`fresh_rl.control.freshper_study.train_kept` over the arms of :mod:`fresh_rl.studies.freshper_tau_sweep`,
 replay updates on an Adam state of their own: *tuning* (every arm × the learning-rate grid on the
 tuning seeds; its on-policy rows are the drift pilot) and *scoring* (every arm at its pick on the
 next seeds).
@@ -19,7 +19,7 @@ from fresh_rl.control.hyperparams import replay_grid
 from fresh_rl.eval import eval_mean_score
 from fresh_rl.lag import fit_ess_time_constant
 from fresh_rl.presets import Preset
-from fresh_rl.eval import freshper_tau_sweep
+from fresh_rl.studies import freshper_tau_sweep
 from fresh_rl.replay.methods import replay_hparams
 from fresh_rl.report import histogram_mean
 from fresh_rl.sweep import product_grid

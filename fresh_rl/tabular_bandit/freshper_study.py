@@ -3,7 +3,7 @@
 Three stages, each one vmapped program of :func:`fresh_rl.tabular_bandit.train` over a
 ``fresh_rl.sweep.product_grid`` run by :func:`fresh_rl.sweep.run_stage` in saved chunks: the
 on-policy *drift pilot* (exact ESS/n and KL of every stored behaviour policy by age), *tuning*
-(every arm of :mod:`fresh_rl.eval.freshper_tau_sweep` × the learning-rate grid) and *scoring* (every arm
+(every arm of :mod:`fresh_rl.studies.freshper_tau_sweep` × the learning-rate grid) and *scoring* (every arm
 at its pick on the next seeds). Replay updates use an Adam state of their own.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 
 from fresh_rl.lag import fit_ess_time_constant
 from fresh_rl.presets import Preset
-from fresh_rl.eval import freshper_tau_sweep
+from fresh_rl.studies import freshper_tau_sweep
 from fresh_rl.report import histogram_mean
 from fresh_rl.sweep import product_grid, run_stage
 from fresh_rl.tabular_bandit.bed import BedConfig, method_hparams, stack_hparams, train
