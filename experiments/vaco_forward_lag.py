@@ -15,7 +15,7 @@ filter-only and VACO's δ curve. Each stage is a resumable :func:`fresh_rl.sweep
 
 Outputs (``results/vaco_forward_lag/``): ``runs.csv`` (one row per scoring run: task, method,
 knob, lr, backward lag, M, seed, mean and final learner return, measured backward TV, forward TV
-after the batch's last update, the filter's masked fraction, the clip fraction, versions per run),
+after the batch's last update (median over iterations: the estimate is unbounded under backward lag), the filter's masked fraction, the clip fraction, versions per run),
 ``tuning.csv``, ``score_vs_forward_lag.png``, ``score_vs_backward_lag.png``, ``score_vs_tv.png``,
 ``config.json``, ``README.md``.
 
@@ -80,7 +80,7 @@ def figures(runs: list[dict], scale: Scale, out_dir: Path) -> None:
         for method, _ in scale.knobs:
             rows = [r for r in main if r["task"] == task and r["method"] == method]
             ax.scatter([r["forward_tv"] for r in rows], [r["mean_return"] for r in rows], s=8, label=method)
-        ax.set(xscale="log", xlabel="measured forward TV after the batch's last update", ylabel="learner return")
+        ax.set(xscale="log", xlabel="forward TV after the batch's last update (run median)", ylabel="learner return")
     save_panels(out_dir / "score_vs_tv.png", tasks, scatter)
 
 
@@ -107,7 +107,8 @@ def readme_lines(scale: Scale, t: dict, picks: dict, seconds: dict, seed: int) -
         f"M = {scale.middle[1]} on seeds {seed}–{s0 - 1}; scored on seeds {s0}–{s0 + scale.scoring_seeds - 1}.", "",
         "## Picks (`tuning.csv`)", "", *markdown_table(("task", "method", "knob", "lr"), (
             (task, m, f"{KNOBS[m][0]} = {k:g}", f"{lr:g}") for task, p in picks.items() for m, (lr, k) in p.items())),
-        "", "## Cells (scoring seeds; 95% Student-t intervals; measured lags are run means)", "",
+        "", "## Cells (scoring seeds; 95% Student-t intervals; measured lags are run means, the forward TV a run's "
+        "median over iterations: ½·mean|π_θ/π_T − 1| on β's actions, exact at lag 0, biased under backward lag)", "",
         *markdown_table(("task", "method", "knob", "lr", "backward lag", "M", "versions", "mean learner return",
                          "version gap", "backward TV", "forward TV", "filter masked", "clip fraction"), cells),
         "", "Figures: `score_vs_forward_lag.png`, `score_vs_backward_lag.png`, `score_vs_tv.png`."]
