@@ -15,7 +15,8 @@ filter-only and VACO's δ curve. Each stage is a resumable :func:`fresh_rl.sweep
 
 Outputs (``results/vaco_forward_lag/``): ``runs.csv`` (one row per scoring run: task, method,
 knob, lr, backward lag, M, seed, mean and final learner return, measured backward TV, forward TV
-after the batch's last update (median over iterations: the estimate is unbounded under backward lag), the filter's masked fraction, the clip fraction, versions per run),
+after the batch's last update (median over iterations: the estimate is unbounded under backward lag),
+the filter's masked fraction, the clip fraction, versions per run),
 ``tuning.csv``, ``score_vs_forward_lag.png``, ``score_vs_backward_lag.png``, ``score_vs_tv.png``,
 ``config.json``, ``README.md``.
 
