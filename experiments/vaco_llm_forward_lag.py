@@ -35,62 +35,23 @@ import json
 import time
 from pathlib import Path
 
-import jax
 import numpy as np
 
-from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm.checkpoint import load_hf_model
-from fresh_rl.llm.evaluation import evaluate_policies
 from fresh_rl.llm.presets import OLD_LOGITS_SCALES, RESULTS
 from fresh_rl.llm.tasks.vocab import with_vocab
-from fresh_rl.presets import Preset, named
+from fresh_rl.llm.vaco_forward_lag_study import MEANS, ROUTES, Scale, run_arm
+from fresh_rl.presets import named
 from fresh_rl.provenance import provenance, write_atomic, write_csv
 from fresh_rl.report import (grouped, interval, interval_text, markdown_table, plot_interval_curves, save_panels,
                              write_readme)
 from fresh_rl.sweep import output_lock, saved_arrays
-from fresh_rl.sweep.checkpoint import RunCheckpointer
-from fresh_rl.sweep.integrity import tree_checksum
 from fresh_rl.sweep.study_cli import study_main
-
-ROUTES = {"ppo_clip": "behaviour", "vaco": "recompute_current"}  # the ratio's reference: π_infer / π_T
-MEANS = {"masked_fraction": "mask_fraction", "tv_estimate": "tv_filter_estimate", "clip_fraction": "clip_fraction",
-         "kl_k3": "kl_k3", "realign_weight": "backward_ratio_mean"}  # runs.csv column → the loss's metric
-
-
-@dataclasses.dataclass(frozen=True)
-class Scale(Preset):
-    bed: object  # the OldLogitsScale whose model, task, RL settings, iterations and evaluation every run uses
-    updates: tuple[int, ...]  # M: minibatches per batch, one epoch
-    seeds: tuple[int, ...]
-
 
 SCALES = named({
     "bpe": Scale(OLD_LOGITS_SCALES["bpe"], (4, 16, 64), (0, 1, 2, 3, 4)),
     "ci": Scale(dataclasses.replace(OLD_LOGITS_SCALES["bpe-ci"], eval_episodes=8), (2, 8), (0, 1)),
 })
-
-
-def run_arm(scale: Scale, bed, method: str, updates: int, params, model_config, out: Path) -> dict:
-    """One (method, M), every seed a row of one vmapped program (checkpoints in ``checkpoints/<method>_M<M>``)."""
-    name = f"{method}_M{updates}"
-    rl = dataclasses.replace(bed.rl, loss=method, minibatches=updates, epochs=1)
-    pipeline = ap.AsyncConfig(staleness_window=0, old_logit_route=ROUTES[method])
-    started = time.perf_counter()
-    state, history = ap.train_loop(
-        rl, pipeline, list(scale.seeds), bed.iterations, params=params, env=bed.env, model_config=model_config,
-        checkpoint_every=4, checkpointer=RunCheckpointer(out / "checkpoints" / name,
-                                                         fingerprint=repr((bed, rl, scale.seeds, tree_checksum(params)))),
-        log=lambda i, m: print(f"[{name}] iteration {i + 1}/{bed.iterations}: success {np.mean(m['success_rate']):.3f}, "
-                               f"masked {np.mean(m.get('mask_fraction', 0.0)):.3f}, clipped "
-                               f"{np.mean(m['clip_fraction']):.3f}, {time.perf_counter() - started:.0f} s", flush=True))
-    final = state.train.params
-    evaluation = evaluate_policies(dataclasses.replace(bed, rl=rl), model_config,
-                                   {i: jax.tree.map(lambda x: x[i], final) for i in range(len(scale.seeds))})
-    data = {f"success_{p}": np.array([next(r["success"] for r in evaluation if r["policy"] == i and r["prompts"] == p)
-                                      for i in range(len(scale.seeds))]) for p in ("training", "held_out")}
-    for column, metric in MEANS.items():  # a metric the loss does not report is NaN
-        data[column] = np.asarray(history[metric]).mean(1) if metric in history else np.full(len(scale.seeds), np.nan)
-    return dict(data, seed=np.array(scale.seeds), seconds=np.asarray(time.perf_counter() - started))
 
 
 def figure(rows: list[dict], updates: tuple[int, ...], path: Path) -> None:
