@@ -10,7 +10,7 @@ Outputs (``results/old_logits_control/``): ``runs.csv``, ``summary.csv``, ``acti
 by experiments/verdicts.py), ``mechanism.png``, ``reset.png``, ``config.json``, ``README.md``.
 
     python experiments/old_logits_control.py --scale ci     # the tests
-    python experiments/old_logits_control.py --scale quick  # the quickstart: W = 1 and 16, ~1.5 min
+    python experiments/old_logits_control.py --scale quick  # the quickstart: W = 1 and 16, ~1 min
     python experiments/old_logits_control.py --scale quick-ci  # the quickstart's test version
     python experiments/old_logits_control.py --scale cpu    # CartPole + Acrobot, 10 seeds
     python experiments/old_logits_control.py --scale paper  # + Breakout-MinAtar, 30 seeds
@@ -81,7 +81,7 @@ def readme_lines(scale: Scale, t: dict, costs: list[dict], seconds: float, label
             (r["task"], r["window"], r["ewma_beta_rule"], r["learning_rate"], r["threshold"],
              f"{r['resets_per_run']:.1f}", f"{r['active_fraction']:.3f}", f"{r['active_fraction_min']:.3f}",
              f"{r['mean']:.1f}") for r in t["reset"]))]
-    if costs:  # a scale without a cost stage (quick-ci) has no cost table
+    if costs:  # a scale without a cost stage (quick, quick-ci) has no cost table
         lines += [
             "", "## Costs (`costs.csv`)", "",
             "Parameter copies besides the learner's own and the engines'; forwards = passes over the batch "
@@ -118,7 +118,7 @@ def run(scale: Scale, out_dir: Path, seed: int = 0, fresh: bool = False, log=pri
              **header}, indent=1))
         t = tables(scale, results)
         for name, rows in {**t, "costs": costs}.items():
-            if rows:  # a scale without a cost stage (quick-ci) has no cost table
+            if rows:  # a scale without a cost stage (quick, quick-ci) has no cost table
                 write_csv(out_dir / f"{name}.csv", rows)
         figures(scale, t, out_dir)
         seconds = sum(float(p.read_text()) for p in (out_dir / "runs").glob("*.seconds"))

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from fresh_rl.compilation_cache import host_cache_directory
 from fresh_rl.provenance import REPOSITORY_ROOT, git_commit, require_clean, write_csv
-from fresh_rl.quickstart import PARTS, part_command, read_rows, render_readme, run_part, write_report
+from fresh_rl.quickstart import PARTS, part_command, part_xla_flags, read_rows, render_readme, run_part, write_report
 from fresh_rl.sweep.study_cli import start_study
 from fresh_rl.validation import CHECKED_HELP
 
@@ -82,7 +82,7 @@ def main(argv=None):
                 shutil.rmtree(args.out / part)
             times = run_part(part_command(part, args.scale, args.seed, args.out / part, args.checked), allow_dirty)
             rows.append({"run_id": run_id, "commit": commit, "scale": args.scale, "seed": args.seed,
-                         "cache": cache_state, "part": part, **times})
+                         "cache": cache_state, "xla_flags": part_xla_flags(), "part": part, **times})
         timings = args.out / "timings.csv"
         write_csv(timings, read_rows(timings) + rows)
         render_readme(args.out)

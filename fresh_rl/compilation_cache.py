@@ -59,11 +59,18 @@ fusion emitters (``results/bench/README.md``: 21–32 % less CPU time than level
 suite's compile-bound files). They change the machine code, not the float32 semantics."""
 
 
-def with_fast_compile_flags(xla_flags: str) -> str:
-    """``xla_flags`` (an ``XLA_FLAGS`` value) with each :data:`FAST_COMPILE_XLA_FLAGS` setting
-    appended unless it already names that flag (a caller's choice is kept). Set it in
-    ``os.environ["XLA_FLAGS"]`` before the process first uses a JAX backend."""
-    for flag, value in FAST_COMPILE_XLA_FLAGS:
+SHORT_RUN_XLA_FLAGS = (("xla_backend_optimization_level", "1"), ("xla_cpu_use_fusion_emitters", "false"))
+"""XLA:CPU settings for short runs whose wall time is mostly compiling (the quickstart's parts):
+LLVM optimisation level 1 and the loop emitters. On the quickstart's parts (2-core VM, cache off,
+``results/bench/README.md``) they cut compiling by 20-45 % and the wall time by 20-35 %; level 0
+compiles faster still but runs the parts 2-3× slower, a net loss. Long studies keep XLA's defaults."""
+
+
+def with_fast_compile_flags(xla_flags: str, settings=FAST_COMPILE_XLA_FLAGS) -> str:
+    """``xla_flags`` (an ``XLA_FLAGS`` value) with each of ``settings`` (:data:`FAST_COMPILE_XLA_FLAGS`
+    or :data:`SHORT_RUN_XLA_FLAGS`) appended unless it already names that flag (a caller's choice
+    is kept). Set it in ``os.environ["XLA_FLAGS"]`` before the process first uses a JAX backend."""
+    for flag, value in settings:
         if flag not in xla_flags:
             xla_flags = f"{xla_flags} --{flag}={value}".strip()
     return xla_flags
@@ -284,7 +291,8 @@ def _report_at_exit(path: Path) -> None:
     atexit.register(write)
 
 
-__all__ = ["CompileMeter", "DIR_VARIABLE", "FAST_COMPILE_XLA_FLAGS", "REPORT_VARIABLE", "SWITCH_VARIABLE", "add_compilation_cache_flag",
+__all__ = ["CompileMeter", "DIR_VARIABLE", "FAST_COMPILE_XLA_FLAGS", "REPORT_VARIABLE", "SHORT_RUN_XLA_FLAGS",
+           "SWITCH_VARIABLE", "add_compilation_cache_flag",
            "cache_directory", "default_directory", "enable_compilation_cache", "enable_from_args",
            "filter_cpu_cache_load_noise",
            "host_cache_directory", "host_fingerprint", "with_fast_compile_flags"]

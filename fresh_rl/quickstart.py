@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fresh_rl.compilation_cache import REPORT_VARIABLE
+from fresh_rl.compilation_cache import REPORT_VARIABLE, SHORT_RUN_XLA_FLAGS, with_fast_compile_flags
 from fresh_rl.eval import seed_interval
 from fresh_rl.provenance import ALLOW_DIRTY_ENV, REPOSITORY_ROOT, machine_description, write_atomic, write_csv
 from fresh_rl.report import interval, markdown_table, plot_interval_curves, plot_seed_bands, save_panels, write_readme
@@ -49,10 +49,16 @@ def part_command(part: str, scale: str, seed: int, out: Path, with_checks: bool 
     return command + (["--bootstrap-reps", "200"] if part == VACO else []) + checks
 
 
+def part_xla_flags() -> str:
+    """The parts' ``XLA_FLAGS``: the caller's, with :data:`SHORT_RUN_XLA_FLAGS` for what it does
+    not name (the parts are short runs whose wall time is mostly compiling)."""
+    return with_fast_compile_flags(os.environ.get("XLA_FLAGS", ""), SHORT_RUN_XLA_FLAGS)
+
+
 def run_part(command: list[str], allow_dirty: bool) -> dict:
-    """Runs one part in its own process; returns its wall and compile seconds."""
+    """Runs one part in its own process with :func:`part_xla_flags`; returns its wall and compile seconds."""
     print(f"$ python {' '.join(command)}", flush=True)
-    env = {**os.environ, **({ALLOW_DIRTY_ENV: "1"} if allow_dirty else {})}
+    env = {**os.environ, "XLA_FLAGS": part_xla_flags(), **({ALLOW_DIRTY_ENV: "1"} if allow_dirty else {})}
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "compile.json"
         start = time.perf_counter()
@@ -282,8 +288,9 @@ def render_readme(out: Path) -> str:
               "commit": head["commit"], "machine": machine_description(),
               "wall_seconds": sum(float(r["wall_seconds"]) for r in latest)}
     return write_readme(out, "Quickstart: the three papers' mechanisms at small scale", header, [
-        f"Compilation cache: {head['cache']}. `statements.md` holds the statements and measurements, "
-        "`mechanisms.png` the figure; each part's folder its own tables.", "",
+        f"Compilation cache: {head['cache']}; XLA flags: `{head.get('xla_flags') or 'XLA defaults'}`. "
+        "`statements.md` holds the statements and measurements, `mechanisms.png` the figure; each part's "
+        "folder its own tables.", "",
         *markdown_table(("part", "command", "wall time", "compiling", "running"), (
             (f"`{r['part']}/`", "`python " + " ".join(part_command(r["part"], head["scale"], int(head["seed"]),
                                                                  Path(r["part"]))) + "`",
@@ -291,5 +298,5 @@ def render_readme(out: Path) -> str:
 
 
 __all__ = ["CONFIDENCE", "OLD_LOGITS", "PARTS", "STALENESS", "VACO", "Statement", "compare", "measurement_tables",
-           "mechanisms_figure", "part_command", "read_rows", "render_readme", "run_part", "staleness_curves",
-           "staleness_per_seed", "statements", "write_report"]
+           "mechanisms_figure", "part_command", "part_xla_flags", "read_rows", "render_readme", "run_part",
+           "staleness_curves", "staleness_per_seed", "statements", "write_report"]

@@ -213,3 +213,5 @@ def test_fast_compile_flags_are_appended_once_and_keep_the_callers_choice():
     chosen = compilation_cache.with_fast_compile_flags("--xla_backend_optimization_level=2")
     assert "--xla_backend_optimization_level=2" in chosen and "level=0" not in chosen
     assert os.environ["XLA_FLAGS"] == compilation_cache.with_fast_compile_flags(os.environ["XLA_FLAGS"])  # conftest set them
+    short = compilation_cache.with_fast_compile_flags("", compilation_cache.SHORT_RUN_XLA_FLAGS)
+    assert short.split() == ["--xla_backend_optimization_level=1", "--xla_cpu_use_fusion_emitters=false"]

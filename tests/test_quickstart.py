@@ -4,6 +4,7 @@ default output folder is ignored by git (a fresh clone stays clean); and (slow l
 disjoint seed sets (seeds 0-2 and 3-5) it states the same directions, so what it prints is a
 property of the mechanisms and not of the seeds."""
 import csv
+import os
 import re
 import subprocess
 import sys
@@ -51,6 +52,15 @@ def test_disjoint_seed_sets_give_the_same_statements(seed_set_0, tmp_path):
     _run(tmp_path, 3)
     directions = [{s["key"]: s["direction"] for s in _statements(out)} for out in (out_0, tmp_path)]
     assert directions[0] == directions[1]
+
+
+def test_the_parts_ran_with_the_callers_xla_flags_kept(seed_set_0):
+    out, _ = seed_set_0
+    with open(out / "timings.csv", newline="") as f:
+        flags = {row["xla_flags"] for row in csv.DictReader(f)}
+    # the suite's level 0 (conftest) is the caller's choice and stays; the loop emitters are in both settings
+    assert flags == {os.environ["XLA_FLAGS"]} and "--xla_backend_optimization_level=0" in flags.pop()
+    assert "XLA flags: `" in (out / "README.md").read_text()
 
 
 def test_returns_are_printed_with_intervals_and_no_ranking(seed_set_0):
