@@ -56,7 +56,9 @@ FAST_COMPILE_XLA_FLAGS = (("xla_backend_optimization_level", "0"), ("xla_cpu_use
 """XLA:CPU's fastest-compiling settings, for runs that check results rather than speed (the test
 suite, the device check's dry run): LLVM optimisation level 0 and the loop emitters instead of the
 fusion emitters (``results/bench/README.md``: 21–32 % less CPU time than level 0 alone on the
-suite's compile-bound files). They change the machine code, not the float32 semantics."""
+suite's compile-bound files). They change the machine code, not the float32 semantics; fused
+sums may round in another order, so a run differs from XLA's defaults in the last bits (and a
+chaotic RL run drifts further, within its seed interval)."""
 
 
 SHORT_RUN_XLA_FLAGS = (("xla_backend_optimization_level", "1"), ("xla_cpu_use_fusion_emitters", "false"))
