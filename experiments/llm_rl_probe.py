@@ -20,9 +20,7 @@ stand-in at the smallest scale:
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import os
 import time
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag
@@ -33,7 +31,7 @@ from fresh_rl.llm.model import preset
 from fresh_rl.llm.presets import OLD_LOGITS_SCALES, WARM_START
 from fresh_rl.llm.tasks.vocab import with_vocab
 from fresh_rl.llm.warm_start import restore_params
-from fresh_rl.provenance import write_csv
+from fresh_rl.provenance import read_csv, write_csv
 from fresh_rl.sweep.study_cli import NO_CHECKED, start_study
 
 
@@ -87,12 +85,7 @@ def main(argv=None):
                seconds=time.time() - start)
     print(row, flush=True)
     if args.out:  # append; the header grows to the union of the columns
-        rows = []
-        if os.path.exists(args.out):
-            with open(args.out) as f:
-                rows = list(csv.DictReader(f))
-        rows.append(row)
-        write_csv(args.out, rows)
+        write_csv(args.out, read_csv(args.out, missing_ok=True) + [row])
     return row
 
 

@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 
 from fresh_rl.compilation_cache import host_cache_directory
-from fresh_rl.provenance import REPOSITORY_ROOT, git_commit, require_clean, write_csv
-from fresh_rl.quickstart import PARTS, part_command, part_xla_flags, read_rows, render_readme, run_part, write_report
+from fresh_rl.provenance import REPOSITORY_ROOT, git_commit, read_csv, require_clean, write_csv
+from fresh_rl.quickstart import PARTS, part_command, part_xla_flags, render_readme, run_part, write_report
 from fresh_rl.sweep.study_cli import start_study
 from fresh_rl.validation import CHECKED_HELP
 
@@ -84,7 +84,7 @@ def main(argv=None):
             rows.append({"run_id": run_id, "commit": commit, "scale": args.scale, "seed": args.seed,
                          "cache": cache_state, "xla_flags": part_xla_flags(), "part": part, **times})
         timings = args.out / "timings.csv"
-        write_csv(timings, read_rows(timings) + rows)
+        write_csv(timings, read_csv(timings, missing_ok=True) + rows)
         render_readme(args.out)
     if all((args.out / part).exists() for part in PARTS):
         print("\n" + write_report(args.out, args.scale, args.seed))

@@ -219,7 +219,16 @@ def write_csv(path, rows: Iterable[Mapping]) -> None:
     write_atomic(path, write)
 
 
+def read_csv(path, missing_ok: bool = False) -> list[dict]:
+    """The rows of a CSV written by :func:`write_csv`, as ``{column: text}``; ``[]`` for a missing
+    file when ``missing_ok`` (else ``FileNotFoundError``)."""
+    if missing_ok and not os.path.exists(path):
+        return []
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
 __all__ = ["ALLOW_DIRTY_ENV", "REPOSITORY_ROOT", "DirtyCheckoutError", "OutputWriteError", "command_line", "git_commit",
            "last_commit",
-           "machine_description", "measure_at_revision", "provenance", "provenance_line", "replace_label_rows",
+           "machine_description", "measure_at_revision", "provenance", "provenance_line", "read_csv", "replace_label_rows",
            "require_clean", "write_atomic", "write_csv"]

@@ -10,7 +10,6 @@ README from ``timings.csv``.
 """
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import os
@@ -25,7 +24,8 @@ import numpy as np
 
 from fresh_rl.compilation_cache import REPORT_VARIABLE, SHORT_RUN_XLA_FLAGS, with_fast_compile_flags
 from fresh_rl.eval import seed_interval
-from fresh_rl.provenance import ALLOW_DIRTY_ENV, REPOSITORY_ROOT, machine_description, write_atomic, write_csv
+from fresh_rl.provenance import (ALLOW_DIRTY_ENV, REPOSITORY_ROOT, machine_description, read_csv, write_atomic,
+                                 write_csv)
 from fresh_rl.report import interval, markdown_table, plot_interval_curves, plot_seed_bands, save_panels, write_readme
 
 STALENESS, VACO, OLD_LOGITS = "freshper_priority_staleness", "vaco_lag", "old_logits_control"
@@ -72,14 +72,6 @@ def run_part(command: list[str], allow_dirty: bool) -> dict:
 
 # ------------------------------------------------------------------ the parts' CSVs, per seed --
 
-def read_rows(path: Path) -> list[dict]:
-    """The rows of a CSV (none when it does not exist)."""
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
-
-
 def _by_seed(rows, value: str, **match) -> np.ndarray:
     """``value`` of the rows matching ``match``, ordered by seed (one entry per seed)."""
     picked = {int(r["seed"]): float(r[value]) for r in rows
@@ -90,7 +82,7 @@ def _by_seed(rows, value: str, **match) -> np.ndarray:
 def staleness_curves(part_dir: Path) -> dict[str, np.ndarray]:
     """Sampler → ``[seeds, versions]`` mean sampled age."""
     per = defaultdict(lambda: defaultdict(dict))
-    for r in read_rows(part_dir / "priority_staleness.csv"):
+    for r in read_csv(part_dir / "priority_staleness.csv"):
         per[r["sampler"]][int(r["seed"])][int(r["version"])] = float(r["mean_age"])
     return {sampler: np.asarray([[v for _, v in sorted(seeds[s].items())] for s in sorted(seeds)])
             for sampler, seeds in per.items()}
@@ -104,7 +96,7 @@ def staleness_per_seed(part_dir: Path) -> dict[str, np.ndarray]:
 
 def _vaco_rows(out: Path) -> tuple[list[dict], list[int]]:
     """The VACO part's runs and its lags (the non-negative ones, ascending)."""
-    rows = read_rows(out / VACO / "runs.csv")
+    rows = read_csv(out / VACO / "runs.csv")
     return rows, sorted({int(r["lag"]) for r in rows if int(r["lag"]) >= 0})
 
 
@@ -112,7 +104,7 @@ def _old_logit_rows(out: Path) -> tuple[list[dict], str, list[int]]:
     """The old-logit part's runs of the plain routes (no ``@`` variants), the reset threshold of
     the route comparison (the largest the part ran; the only one at the quickstart's scales) and
     the windows."""
-    rows = [r for r in read_rows(out / OLD_LOGITS / "runs.csv") if "@" not in r["route"]]
+    rows = [r for r in read_csv(out / OLD_LOGITS / "runs.csv") if "@" not in r["route"]]
     return rows, max({r["threshold"] for r in rows}, key=float), sorted({int(r["window"]) for r in rows})
 
 
@@ -281,7 +273,7 @@ def write_report(out: Path, scale: str, seed: int) -> str:
 
 def render_readme(out: Path) -> str:
     """``out/README.md``: the latest run's parts, commands and times (from ``timings.csv``)."""
-    history = read_rows(out / "timings.csv")
+    history = read_csv(out / "timings.csv")
     latest = [h for h in history if h["run_id"] == history[-1]["run_id"]]
     head = latest[0]
     header = {"command": f"python experiments/quickstart.py --scale {head['scale']} --seed {head['seed']}",
@@ -298,5 +290,5 @@ def render_readme(out: Path) -> str:
 
 
 __all__ = ["CONFIDENCE", "OLD_LOGITS", "PARTS", "STALENESS", "VACO", "Statement", "compare", "measurement_tables",
-           "mechanisms_figure", "part_command", "part_xla_flags", "read_rows", "render_readme", "run_part",
+           "mechanisms_figure", "part_command", "part_xla_flags", "render_readme", "run_part",
            "staleness_curves", "staleness_per_seed", "statements", "write_report"]

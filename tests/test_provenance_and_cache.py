@@ -27,6 +27,15 @@ def test_write_csv_takes_the_union_of_columns_in_first_seen_order(tmp_path):
         provenance.write_csv(path, [])
 
 
+def test_read_csv_reads_back_what_write_csv_wrote_and_a_missing_file_only_when_allowed(tmp_path):
+    path = tmp_path / "table.csv"
+    provenance.write_csv(path, [{"a": 1, "b": "x, y"}, {"b": 3, "c": 4.5}])
+    assert provenance.read_csv(path) == [{"a": "1", "b": "x, y", "c": ""}, {"a": "", "b": "3", "c": "4.5"}]
+    assert provenance.read_csv(tmp_path / "none.csv", missing_ok=True) == []
+    with pytest.raises(FileNotFoundError):
+        provenance.read_csv(tmp_path / "none.csv")
+
+
 def test_replace_label_rows_reruns_one_label_and_keeps_the_others(tmp_path):
     path = tmp_path / "bench.csv"
     provenance.replace_label_rows(path, "before", [{"label": "before", "x": 1}])

@@ -13,7 +13,6 @@ is refused unless allowed (:func:`fresh_rl.provenance.require_clean`).
 """
 from __future__ import annotations
 
-import csv
 import json
 import math
 from pathlib import Path
@@ -24,7 +23,7 @@ import numpy as np
 from fresh_rl.eval.claims import PREVIOUS_VERDICTS, cell_label, cells_of, decide_claim, load_study
 from fresh_rl.eval.scores import eval_final_score, eval_first_score, eval_initial_score
 from fresh_rl.eval.statistics import VERDICTS, paired_claim, seed_interval
-from fresh_rl.provenance import REPOSITORY_ROOT, last_commit, require_clean
+from fresh_rl.provenance import REPOSITORY_ROOT, last_commit, read_csv, require_clean
 
 CLAIMS_DIR = REPOSITORY_ROOT / "experiments" / "claims"
 INDEX = REPOSITORY_ROOT / "results" / "VERDICTS.md"
@@ -33,11 +32,6 @@ STAMP = "Stamped at commit "
 STUDY_ORDER = ("vaco", "vaco_forward_lag", "vaco_llm_forward_lag", "freshper_bandit", "freshper_control_tau",
                "freshper_llm", "freshper_control", "old_logits_control", "old_logits_factorial", "old_logits_bpe",
                "old_logits_bpe_factorial", "old_logits_bpe_reset", "llm_rl_gain", "compose", "compose_acrobot")
-
-
-def _rows(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def _series_of(table: Mapping, key) -> dict[int, float] | None:
@@ -51,9 +45,9 @@ def _uniform_replay_ess(study_dir: Path, cell_keys: tuple[str, ...]) -> dict[tup
     weighted by the ages uniform replay drew (``sampled_age.csv``), over the ages whose ESS the
     pilot measured: how stale the data in the buffer is."""
     ess = {tuple(r[k] for k in cell_keys) + (int(r["age"]),): float(r["ess_fraction"])
-           for r in _rows(study_dir / "ess_vs_age.csv")}
+           for r in read_csv(study_dir / "ess_vs_age.csv")}
     totals: dict[tuple, list[float]] = {}
-    for r in _rows(study_dir / "sampled_age.csv"):
+    for r in read_csv(study_dir / "sampled_age.csv"):
         if r.get("variant", r.get("method")) != "uniform":
             continue
         cell = tuple(r[k] for k in cell_keys)
@@ -156,7 +150,7 @@ def vaco_forward_lag_reader(root: Path):
     per-seed return at lag 0 minus at lag 16 at the cell's task and M."""
     table: dict[tuple, dict[int, float]] = {}
     masked: dict[tuple, list[float]] = {}
-    for r in _rows(root / "results" / "vaco_forward_lag" / "runs.csv"):
+    for r in read_csv(root / "results" / "vaco_forward_lag" / "runs.csv"):
         cell, seed, value = (r["task"], r["backward"], r["updates"]), int(r["seed"]), float(r["mean_return"])
         if r["tuned_knob"] == "True":
             table.setdefault((r["method"], *cell), {})[seed] = value
@@ -188,7 +182,7 @@ def vaco_llm_forward_lag_reader(root: Path):
     method's per-seed held-out success at the smallest M minus at the cell's M."""
     table: dict[tuple, dict[int, float]] = {}
     masked: dict[str, list[float]] = {}
-    for r in _rows(root / "results" / "vaco_llm_forward_lag" / "runs.csv"):
+    for r in read_csv(root / "results" / "vaco_llm_forward_lag" / "runs.csv"):
         for metric in ("success_held_out", "success_training"):
             table.setdefault((r["method"], metric, r["updates"]), {})[int(r["seed"])] = float(r[metric])
         if r["method"] == "vaco":
@@ -224,12 +218,12 @@ def freshper_tau_reader(root: Path, name: str, metrics: tuple[str, ...]):
     study = root / "results" / name
     table: dict[tuple, dict[int, float]] = {}
     ages: dict[tuple, list[float]] = {}
-    for r in _rows(study / "runs.csv"):
+    for r in read_csv(study / "runs.csv"):
         task = r.get("task", "")
         for metric in metrics:
             table.setdefault((r["arm"], task, metric), {})[int(r["seed"])] = float(r[metric])
         ages.setdefault((r["arm"], task), []).append(float(r["mean_sampled_age"]))
-    picked = [r for r in _rows(study / "tuning.csv") if r["picked"] == "True"]
+    picked = [r for r in read_csv(study / "tuning.csv") if r["picked"] == "True"]
     score = next(k for k in picked[0] if k.startswith("mean_"))  # the tuning score column
     cell_taus = {str(t) for c in load_study(CLAIMS_DIR / f"{name}.toml")["claims"]
                  for t in c["cells"].get("tau", [])}
@@ -272,10 +266,10 @@ def freshper_llm_reader(root: Path):
     study = root / "results" / "freshper_llm"
     table: dict[tuple, dict[int, float]] = {}
     ages: dict[str, list[float]] = {}
-    for r in _rows(study / "runs.csv"):
+    for r in read_csv(study / "runs.csv"):
         table.setdefault((r["arm"], "held_out_success"), {})[int(r["seed"])] = float(r["held_out_success"])
         ages.setdefault(r["arm"], []).append(float(r["mean_sampled_age"]))
-    ess = {int(r["age"]): float(r["ess_fraction"]) for r in _rows(study / "ess_vs_age.csv")}
+    ess = {int(r["age"]): float(r["ess_fraction"]) for r in read_csv(study / "ess_vs_age.csv")}
     per_age = float(np.mean(ages["per_authors"]))
 
     def arm_of(arm, cell):
@@ -300,11 +294,11 @@ def freshper_control_reader(root: Path):
     short_tau_runs.csv (one row per run of the short-τ stage: arm ``freshper_short_tau``)."""
     study = root / "results" / "freshper_control"
     table: dict[tuple, dict[int, float]] = {}
-    for r in _rows(study / "runs.csv"):
+    for r in read_csv(study / "runs.csv"):
         for metric in ("final_return", "mean_eval_return"):
             key = (r["variant"], r["task"], _lr(r["learning_rate"]), "", metric)
             table.setdefault(key, {})[int(r["seed"])] = float(r[metric])
-    for r in _rows(study / "short_tau_runs.csv"):
+    for r in read_csv(study / "short_tau_runs.csv"):
         for metric in ("final_return", "mean_eval_return"):
             key = ("freshper_short_tau", r["task"], _lr(r["learning_rate"]), repr(float(r["tau"])), metric)
             table.setdefault(key, {})[int(r["seed"])] = float(r[metric])
@@ -332,7 +326,7 @@ def old_logits_control_reader(root: Path):
     """results/old_logits_control/runs.csv: one row per run (task, W, route, reset threshold, lr,
     seed; learner return averaged over evaluations, mean ρ_active)."""
     table: dict[tuple, dict[int, float]] = {}
-    for r in _rows(root / "results" / "old_logits_control" / "runs.csv"):
+    for r in read_csv(root / "results" / "old_logits_control" / "runs.csv"):
         if float(r["threshold"]) != OLD_LOGITS_CONTROL_THRESHOLD:
             continue
         for metric, column in OLD_LOGITS_METRICS.items():
@@ -364,15 +358,15 @@ def old_logits_bpe_reader(root: Path, folder: str = "old_logits_bpe"):
     gate measurements)."""
     study = root / "results" / folder
     success: dict[tuple, dict[int, float]] = {}
-    for r in _rows(study / "eval.csv"):
+    for r in read_csv(study / "eval.csv"):
         if r["route"] and r["partial"] == "False":
             success.setdefault((r["route"], int(r["window"]), r["prompts"]), {})[int(r["seed"])] = float(r["success"])
-    summary = {(r["route"], int(r["window"])): r for r in _rows(study / "summary.csv") if r["partial"] == "False"}
+    summary = {(r["route"], int(r["window"])): r for r in read_csv(study / "summary.csv") if r["partial"] == "False"}
 
     def active(route, window):
         out = {}
         for path in sorted((study / "runs").glob(f"{route}_W{window}_seed*.csv")):
-            steps = [float(r["active_token_fraction"]) for r in _rows(path)]
+            steps = [float(r["active_token_fraction"]) for r in read_csv(path)]
             out[int(path.stem.rsplit("seed", 1)[1])] = float(np.mean(steps[min(window, len(steps) - 1):]))
         return out or None
 
@@ -400,7 +394,7 @@ def old_logits_factorial_reader(root: Path):
     iterations whose EWMA reset fired)."""
     table: dict[tuple, dict[int, float]] = {}
     resets: dict[tuple, list[float]] = {}
-    for r in _rows(root / "results" / "old_logits_factorial" / "runs.csv"):
+    for r in read_csv(root / "results" / "old_logits_factorial" / "runs.csv"):
         for metric, column in (("return", "mean_return"), ("active", "active_fraction")):
             table.setdefault((r["arm"], r["task"], r["setting"], metric), {})[int(r["seed"])] = float(r[column])
         if r["arm"] == "ewma":
@@ -426,7 +420,7 @@ def old_logits_bpe_reset_reader(root: Path):
     iterations with a full ring). Its one cell is W = 16."""
     table: dict[tuple, dict[int, float]] = {}
     resets = []
-    for r in _rows(root / "results" / "old_logits_bpe_reset" / "runs.csv"):
+    for r in read_csv(root / "results" / "old_logits_bpe_reset" / "runs.csv"):
         for metric, column in (("success_training", "success_training"), ("success_held_out", "success_held_out"),
                                ("active", "active_fraction")):
             table.setdefault((r["route"], metric), {})[int(r["seed"])] = float(r[column])

@@ -7,7 +7,6 @@ intervals over seeds, evaluation, the mask × clip factorial's effects and the r
 """
 from __future__ import annotations
 
-import csv
 import json
 import os
 import time
@@ -21,7 +20,7 @@ from fresh_rl.llm import async_pipeline as ap
 from fresh_rl.llm.evaluation import evaluate_policies
 from fresh_rl.llm.old_logits_verdicts import full_ring, route_verdicts
 from fresh_rl.llm.presets import OldLogitsScale as Scale
-from fresh_rl.provenance import write_atomic, write_csv
+from fresh_rl.provenance import read_csv, write_atomic, write_csv
 from fresh_rl.report import markdown_table
 from fresh_rl.sweep.checkpoint import RunCheckpointer
 from fresh_rl.sweep.integrity import tree_checksum
@@ -83,8 +82,7 @@ def run_one(scale: Scale, route: str, window: int, partial: bool, seed: int, ite
 
 def read_run_csv(path: str) -> dict[str, np.ndarray]:
     """A run CSV as ``{metric: [steps]}`` (old column names mapped by RENAMED_COLUMNS)."""
-    with open(path) as f:
-        rows = list(csv.DictReader(f))
+    rows = read_csv(path)
     return {RENAMED_COLUMNS.get(k, k): np.array([float(r[k]) for r in rows]) for k in rows[0]}
 
 
