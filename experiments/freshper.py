@@ -52,7 +52,7 @@ from fresh_rl.sweep.study_cli import NO_CHECKED, add_preset_arguments, chosen_pr
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=NO_CHECKED)
-    add_preset_arguments(parser, SCALES, default="ci")
+    add_preset_arguments(parser, SCALES)
     parser.add_argument("--out", default=None, help="output folder (default results/freshper[_<scale>])")
     parser.add_argument("--checkpoint", default=None,
                         help="initial parameters (default: the tiny warm start)")

@@ -49,7 +49,7 @@ from fresh_rl.sweep.study_cli import NO_CHECKED, add_preset_arguments, chosen_pr
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=NO_CHECKED)
-    add_preset_arguments(parser, SCALES, default="ci")
+    add_preset_arguments(parser, SCALES)
     add_model_flag(parser)
     parser.add_argument("--task", action="append", choices=sorted(BPE_TASKS),
                         help="run only these tasks (repeatable; default: the scale's)")

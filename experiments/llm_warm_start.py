@@ -50,7 +50,7 @@ from fresh_rl.llm.presets import RESULTS, SPECIALIZE
 from fresh_rl.llm.warm_start import WarmStartConfig
 from fresh_rl.llm.warm_start_study import BpeScale, WarmStartScale, bpe_warm_start, char_warm_start, specialize
 from fresh_rl.presets import named
-from fresh_rl.sweep.study_cli import NO_CHECKED, start_study
+from fresh_rl.sweep.study_cli import NO_CHECKED, add_preset_arguments, chosen_preset, start_study
 
 # Task settings, cycle and specialisation: fresh_rl.llm.presets (shared with the RL experiments).
 CHAR_SCALES = named({
@@ -85,7 +85,7 @@ def default_out(scale_name: str | None, specialize_task: str | None) -> str:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=NO_CHECKED)
-    parser.add_argument("--scale", choices=sorted(CHAR_SCALES) + sorted(BPE_SCALES), default="ci")
+    add_preset_arguments(parser, SCALES)
     parser.add_argument("--fresh", action="store_true",
                         help="take over an --out made by another run; bpe scales: also ignore (delete) the "
                              "saved training state and start over")
@@ -100,19 +100,20 @@ def main(argv=None):
     add_model_flag(parser)
     add_compilation_cache_flag(parser)
     args = parser.parse_args(argv)
+    scale = chosen_preset(parser, args, SCALES)
     if args.scale in BPE_SCALES and args.model and not args.specialize:
         parser.error("--model does not apply to the bpe scales (they train from scratch)")
     out = args.out or default_out(args.scale, args.specialize)
     # --stop-after interrupts the same run; --specialize ignores --scale and --seed (its own)
     identity = ({"study": "llm_warm_start", "specialize": args.specialize, "model": args.model} if args.specialize
-                else {"study": "llm_warm_start", "scale": args.scale, "seed": args.seed, "model": args.model})
+                else {"study": "llm_warm_start", "scale": scale.label, "seed": args.seed, "model": args.model})
     start_study(parser, args, identity, out, argv, fresh=args.fresh)
     command = " ".join(["python experiments/llm_warm_start.py"] + list(argv if argv is not None else sys.argv[1:]))
     if args.specialize:
         return specialize(args.specialize, out, command, args.model)
     if args.scale in BPE_SCALES:
-        return bpe_warm_start(BPE_SCALES[args.scale], out, args.seed, args.fresh, command, stop_after=args.stop_after)
-    return char_warm_start(CHAR_SCALES[args.scale], out, args.seed, args.model, command)
+        return bpe_warm_start(scale, out, args.seed, args.fresh, command, stop_after=args.stop_after)
+    return char_warm_start(scale, out, args.seed, args.model, command)
 
 
 if __name__ == "__main__":

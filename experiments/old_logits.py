@@ -91,7 +91,7 @@ def plot(curves: list[dict], summary: list[dict], scale: OldLogitsScale, out: st
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=NO_CHECKED)
-    add_preset_arguments(parser, SCALES, default="ci")
+    add_preset_arguments(parser, SCALES)
     parser.add_argument("--out", default=None,
                         help="output folder (default results/old_logits, or results/old_logits_<scale>)")
     parser.add_argument("--checkpoint", default=None, help="initial parameters (default: the tiny warm start)")

@@ -112,7 +112,7 @@ def figures(scale, t: dict, out_dir: Path) -> None:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_preset_arguments(parser, SCALES, default="ci")
+    add_preset_arguments(parser, SCALES)
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--bootstrap-reps", type=int, default=2000,

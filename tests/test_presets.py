@@ -1,6 +1,7 @@
 """The one preset type: ``--set field=value`` overrides, names and labels, the listing."""
 from __future__ import annotations
 
+import ast
 import dataclasses
 import subprocess
 import sys
@@ -115,3 +116,26 @@ def test_a_study_script_refuses_a_bad_override_before_any_work(tmp_path):
     assert done.returncode == 2
     assert "--set lags expects comma-separated values, each an integer, got '0,two'" in done.stderr
     assert not (tmp_path / "out").exists()  # refused before the folder is claimed
+
+
+def _scripts_with_presets() -> list[str]:
+    """The experiment scripts with a module-level ``SCALES`` (assigned or imported): what
+    ``fresh-rl presets`` lists (read from the source, so collecting the tests imports nothing)."""
+    found = []
+    for path in sorted((ROOT / "experiments").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            names = ([t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else
+                     [a.asname or a.name for a in node.names] if isinstance(node, ast.ImportFrom) else [])
+            if "SCALES" in names:
+                found.append(path.stem)
+                break
+    return found
+
+
+@pytest.mark.parametrize("script", _scripts_with_presets())
+def test_every_study_script_takes_set_and_names_an_unknown_field(script, tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "experiments" / f"{script}.py"), "--set", "no_such_field=1",
+                           "--out", str(tmp_path / "out")], capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "--set no_such_field: " in done.stderr and "has no field 'no_such_field'" in done.stderr
+    assert not (tmp_path / "out").exists()

@@ -11,7 +11,7 @@ import pytest
 
 from fresh_rl.presets import Preset, named
 from fresh_rl.sweep.identity import claim_folder
-from fresh_rl.sweep.study_cli import NO_CHECKED, start_study, study_main
+from fresh_rl.sweep.study_cli import NO_CHECKED, add_preset_arguments, default_preset, start_study, study_main
 from fresh_rl.validation import check_in_range, checked_result, checkify_if_checked
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,6 +24,14 @@ class _Scale(Preset):
 
 
 SCALES = named({"ci": _Scale(1), "cpu": _Scale(2)})
+
+
+def test_the_default_preset_is_the_tests_version_and_must_exist():
+    assert default_preset(SCALES) == "ci"
+    assert default_preset(named({"big": _Scale(1), "big-ci": _Scale(2)})) == "big-ci"
+    assert default_preset(named({"big": _Scale(1), "bigger": _Scale(2)})) == "big"
+    with pytest.raises(ValueError, match="default 'ci' is not one of the presets"):
+        add_preset_arguments(argparse.ArgumentParser(), named({"cpu": _Scale(1)}), default="ci")
 
 
 def _recorder(calls):

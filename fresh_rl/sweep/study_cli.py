@@ -43,7 +43,7 @@ def clear_saved_runs(out) -> None:
 
 def study_main(description: str, scales: Mapping, default_out: Path,
                run: Callable[[Preset, Path, int, bool], str], argv: Optional[Sequence[str]] = None) -> None:
-    """Parse the study flags (``--scale`` one of ``scales``, default ``"ci"``; ``--set`` items
+    """Parse the study flags (``--scale`` one of ``scales``, default :func:`default_preset`; ``--set`` items
     applied to it), claim ``--out`` for this study, preset (its label: name and overrides) and
     seed, switch on the compilation cache as asked, run the study and print its README. ``--checked`` runs the study inside :func:`fresh_rl.checked` (a failed
     traced check exits with one line naming the field and its range)."""
@@ -68,10 +68,22 @@ def study_main(description: str, scales: Mapping, default_out: Path,
     print(readme)
 
 
-def add_preset_arguments(parser: argparse.ArgumentParser, presets: Mapping[str, Preset], default: str = "ci") -> None:
-    """``--scale NAME`` (one of ``presets``) and ``--set field=value`` (repeatable)."""
+def default_preset(presets: Mapping[str, Preset]) -> str:
+    """The preset a script runs without ``--scale``: ``ci``, else the first whose name ends in
+    ``-ci`` (the tests' version), else the first."""
+    return "ci" if "ci" in presets else next((n for n in presets if n.endswith("-ci")), next(iter(presets)))
+
+
+def add_preset_arguments(parser: argparse.ArgumentParser, presets: Mapping[str, Preset],
+                         default: Optional[str] = None) -> None:
+    """``--scale NAME`` (one of ``presets``; ``default`` or :func:`default_preset`) and
+    ``--set field=value`` (repeatable)."""
+    default = default_preset(presets) if default is None else default
+    if default not in presets:
+        raise ValueError(f"add_preset_arguments: default {default!r} is not one of the presets {list(presets)}")
     parser.add_argument("--scale", choices=tuple(presets), default=default,
-                        help="a preset of this study (fresh-rl presets lists them with their fields)")
+                        help="a preset of this study (default %(default)s; fresh-rl presets lists them with "
+                             "their fields)")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="overrides",
                         help="change one field of the preset (dotted for a nested config: bed.iterations=3; "
                              "on a tuple of configs, every one: tasks.total_env_steps=4096); repeatable")
