@@ -26,19 +26,12 @@ import time
 from pathlib import Path
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag
-from fresh_rl.studies.priority_staleness import StalenessConfig, plot_streams, run_samplers, summary_lines, version_rows
-from fresh_rl.presets import named
+from fresh_rl.studies.priority_staleness import SCALES, plot_streams, run_samplers, summary_lines, version_rows
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, write_csv
 from fresh_rl.report import write_readme
 from fresh_rl.sweep.study_cli import NO_CHECKED, add_preset_arguments, chosen_preset, start_study
 
 RESULTS = REPOSITORY_ROOT / "results" / "freshper"
-SCALES = named({
-    # The buffer holds 256 versions, longer than τ = 100, so the decay is visible at ci scale.
-    "ci": StalenessConfig(num_versions=300, insert_batch=16, sample_batch=16, capacity=4096,
-                          reward_scale_decay=100.0, num_seeds=3),
-    "cpu": StalenessConfig(num_versions=2000, insert_batch=64, sample_batch=64, capacity=50_000),
-})
 SAMPLERS = {
     "uniform": dict(sampling="uniform"),
     "PER": dict(sampling="per"),

@@ -35,8 +35,8 @@ from pathlib import Path
 
 from fresh_rl.compilation_cache import host_cache_directory
 from fresh_rl.provenance import REPOSITORY_ROOT, git_commit, read_csv, require_clean, write_csv
-from fresh_rl.quickstart import PARTS, part_command, part_xla_flags, render_readme, run_part, write_report
-from fresh_rl.sweep.study_cli import start_study
+from fresh_rl.quickstart import PARTS, SCALES, part_command, part_xla_flags, render_readme, run_part, write_report
+from fresh_rl.sweep.study_cli import add_preset_arguments, chosen_preset, start_study
 from fresh_rl.validation import CHECKED_HELP
 
 OUT = REPOSITORY_ROOT / "runs" / "quickstart"
@@ -45,7 +45,7 @@ OUT = REPOSITORY_ROOT / "runs" / "quickstart"
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=OUT, help="output folder (default: %(default)s)")
-    parser.add_argument("--scale", choices=("quick", "ci"), default="quick")
+    add_preset_arguments(parser, SCALES, default="quick")
     parser.add_argument("--seed", type=int, default=0, help="first seed of each part")
     parser.add_argument("--only", choices=tuple(PARTS), action="append",
                         help="run only these parts (repeatable); the report needs all three")
@@ -60,9 +60,10 @@ def main(argv=None):
                         help="passed to the VACO and old-logit parts (not the FreshPER part: its batched while "
                              f"loop cannot be checkified): {CHECKED_HELP}")
     args = parser.parse_args(argv)
+    scale = chosen_preset(parser, args, SCALES)
     args.out = args.out.resolve()
     # --only runs some parts of the same job and --report-only none: not part of its identity
-    start_study(parser, args, {"study": "quickstart", "scale": args.scale, "seed": args.seed}, args.out, argv,
+    start_study(parser, args, {"study": "quickstart", "scale": scale.label, "seed": args.seed}, args.out, argv,
                 fresh=args.fresh, in_process=False)
     # A scratch folder (the default runs/quickstart) takes runs of edited code; a committed
     # reference under results/ must name the commit that made it.
@@ -74,20 +75,22 @@ def main(argv=None):
         cache_state = "off" if cache is None else ("warm" if cache.exists() and any(cache.iterdir()) else "empty")
         run_id, commit = time.strftime("%Y-%m-%dT%H:%M:%S"), require_clean(git_commit(), allow_dirty)
         rows = []
-        for part, (title, _, _) in PARTS.items():
+        for part, (title, _) in PARTS.items():
             if args.only and part not in args.only:
                 continue
             print(f"\n=== {title}", flush=True)
             if args.fresh and (args.out / part).exists():
                 shutil.rmtree(args.out / part)
-            times = run_part(part_command(part, args.scale, args.seed, args.out / part, args.checked), allow_dirty)
-            rows.append({"run_id": run_id, "commit": commit, "scale": args.scale, "seed": args.seed,
-                         "cache": cache_state, "xla_flags": part_xla_flags(), "part": part, **times})
+            times = run_part(part_command(part, scale, args.seed, args.out / part, args.checked), allow_dirty)
+            shown = part_command(part, scale, args.seed, Path(part), args.checked)  # the folder relative to --out
+            rows.append({"run_id": run_id, "commit": commit, "scale": scale.label, "seed": args.seed,
+                         "cache": cache_state, "xla_flags": part_xla_flags(), "part": part,
+                         "command": "python " + " ".join(shown), **times})
         timings = args.out / "timings.csv"
         write_csv(timings, read_csv(timings, missing_ok=True) + rows)
         render_readme(args.out)
     if all((args.out / part).exists() for part in PARTS):
-        print("\n" + write_report(args.out, args.scale, args.seed))
+        print("\n" + write_report(args.out, scale.label, args.seed))
     else:
         print(f"\n(statements need all three parts under {args.out})")
 

@@ -23,30 +23,60 @@ from pathlib import Path
 import numpy as np
 
 from fresh_rl.compilation_cache import REPORT_VARIABLE, SHORT_RUN_XLA_FLAGS, with_fast_compile_flags
+from fresh_rl.control import old_logits_study
+from fresh_rl.control.presets import VACO_SCALES
 from fresh_rl.eval import seed_interval
+from fresh_rl.presets import Preset, named
 from fresh_rl.provenance import (ALLOW_DIRTY_ENV, REPOSITORY_ROOT, machine_description, read_csv, write_atomic,
                                  write_csv)
 from fresh_rl.report import interval, markdown_table, plot_interval_curves, plot_seed_bands, save_panels, write_readme
+from fresh_rl.studies import priority_staleness
+from fresh_rl.validation import check_in_range
 
 STALENESS, VACO, OLD_LOGITS = "freshper_priority_staleness", "vaco_lag", "old_logits_control"
-PARTS = {  # part → (title, script, its scale at each quickstart scale)
+PARTS = {  # part → (title, script)
     STALENESS: ("FreshPER: the age of what PER, FreshPER and uniform replay sample",
-                "experiments/priority_staleness.py", {"quick": "cpu", "ci": "ci"}),
-    VACO: ("VACO: policy drift and the TV filter's kept fraction at lag 0 and 4",
-           "experiments/vaco_lag_sweep.py", {"quick": "quick", "ci": "ci"}),
+                "experiments/priority_staleness.py"),
+    VACO: ("VACO: policy drift and the TV filter's kept fraction at lag 0 and 4", "experiments/vaco_lag_sweep.py"),
     OLD_LOGITS: ("Missing old logits: each route's active-token fraction against W",
-                 "experiments/old_logits_control.py", {"quick": "quick", "ci": "quick-ci"}),
+                 "experiments/old_logits_control.py"),
 }
 CONFIDENCE = 0.95
 
 
-def part_command(part: str, scale: str, seed: int, out: Path, with_checks: bool = False) -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class Scale(Preset):
+    """One quickstart scale: the preset each part's script runs (a name ``fresh-rl presets
+    SCRIPT`` lists) and the VACO part's bootstrap replicates."""
+
+    freshper_priority_staleness: str
+    vaco_lag: str
+    old_logits_control: str
+    vaco_bootstrap_reps: int = 200
+
+    def __post_init__(self):
+        for part, presets in part_presets().items():
+            if getattr(self, part) not in presets:
+                raise ValueError(f"quickstart Scale.{part} must be a preset of {PARTS[part][1]} ({', '.join(presets)}), "
+                                 f"got {getattr(self, part)!r}")
+        check_in_range("quickstart Scale.vaco_bootstrap_reps", self.vaco_bootstrap_reps, 1)
+
+
+def part_presets() -> dict[str, tuple[str, ...]]:
+    """Each part's preset names (its script's ``--scale`` choices)."""
+    return {STALENESS: tuple(priority_staleness.SCALES), VACO: tuple(VACO_SCALES),
+            OLD_LOGITS: tuple(old_logits_study.SCALES)}
+
+
+SCALES = named({"quick": Scale("cpu", "quick", "quick"), "ci": Scale("ci", "ci", "quick-ci")})
+
+
+def part_command(part: str, scale: Scale, seed: int, out: Path, with_checks: bool = False) -> list[str]:
     """The part's script and flags at the quickstart's ``scale`` (``--checked`` where the part
     can be checkified)."""
-    _, script, scales = PARTS[part]
-    command = [script, "--scale", scales[scale], "--seed", str(seed), "--out", str(out)]
+    command = [PARTS[part][1], "--scale", getattr(scale, part), "--seed", str(seed), "--out", str(out)]
     checks = ["--checked"] if with_checks and part != STALENESS else []  # the replay sampler's batched while loop
-    return command + (["--bootstrap-reps", "200"] if part == VACO else []) + checks
+    return command + (["--bootstrap-reps", str(scale.vaco_bootstrap_reps)] if part == VACO else []) + checks
 
 
 def part_xla_flags() -> str:
@@ -264,7 +294,7 @@ def write_report(out: Path, scale: str, seed: int) -> str:
     lines = [f"# Quickstart statements ({scale} scale, seeds from {seed})", "",
              "Each statement is a paired difference over seeds with its 95% Student-t interval; "
              "\"higher\"/\"lower\" only when the interval excludes 0. Figure: `mechanisms.png`.", ""]
-    for part, (title, _, _) in PARTS.items():
+    for part, (title, _) in PARTS.items():
         lines += [f"## {title}", "", *(f"- {s.text()}" for s in found if s.part == part), ""]
     text = "\n".join(lines + ["## Measurements", ""] + measurement_tables(out)) + "\n"
     write_atomic(out / "statements.md", text)
@@ -284,11 +314,10 @@ def render_readme(out: Path) -> str:
         "`statements.md` holds the statements and measurements, `mechanisms.png` the figure; each part's "
         "folder its own tables.", "",
         *markdown_table(("part", "command", "wall time", "compiling", "running"), (
-            (f"`{r['part']}/`", "`python " + " ".join(part_command(r["part"], head["scale"], int(head["seed"]),
-                                                                 Path(r["part"]))) + "`",
+            (f"`{r['part']}/`", f"`{r['command']}`",
              *(f"{float(r[f'{k}_seconds']):.0f} s" for k in ("wall", "compile", "run"))) for r in latest))])
 
 
-__all__ = ["CONFIDENCE", "OLD_LOGITS", "PARTS", "STALENESS", "VACO", "Statement", "compare", "measurement_tables",
+__all__ = ["CONFIDENCE", "OLD_LOGITS", "PARTS", "STALENESS", "VACO", "SCALES", "Scale", "Statement", "compare", "measurement_tables",
            "mechanisms_figure", "part_command", "part_xla_flags", "render_readme", "run_part",
            "staleness_curves", "staleness_per_seed", "statements", "write_report"]

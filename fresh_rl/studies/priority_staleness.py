@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fresh_rl.presets import Preset
+from fresh_rl.presets import Preset, named
 from fresh_rl.replay import ReplayConfig, magnitude_priority, make_trajectory_buffer
 from fresh_rl.report import markdown_table, save_panels
 from fresh_rl.sweep import product_grid, run_sharded, to_host
@@ -48,6 +48,14 @@ class StalenessConfig(Preset):
     reward_floor: float = 0.05
     drift_kl_per_version: float = 0.002
     num_seeds: int = 5
+
+
+SCALES = named({  # experiments/priority_staleness.py --scale; the quickstart runs cpu
+    # The buffer holds 256 versions, longer than τ = 100, so the decay is visible at ci scale.
+    "ci": StalenessConfig(num_versions=300, insert_batch=16, sample_batch=16, capacity=4096,
+                          reward_scale_decay=100.0, num_seeds=3),
+    "cpu": StalenessConfig(num_versions=2000, insert_batch=64, sample_batch=64, capacity=50_000),
+})
 
 
 def simulate(config: StalenessConfig, replay: ReplayConfig, key: jax.Array):
@@ -134,5 +142,5 @@ def plot_streams(path: Path, results: Mapping[str, Mapping], config: StalenessCo
     save_panels(path, list(titles), draw, width=5)
 
 
-__all__ = ["METRICS", "StalenessConfig", "plot_streams", "run_samplers", "simulate", "summary_lines",
+__all__ = ["METRICS", "SCALES", "StalenessConfig", "plot_streams", "run_samplers", "simulate", "summary_lines",
            "version_rows"]
