@@ -8,7 +8,11 @@ the HLO instructions of the optimised one. The persistent compilation cache is s
 (``JAX_COMPILATION_CACHE_DIR`` is dropped before JAX is imported) so every number is a cold
 compile. ``--parts`` adds the pieces of the PPO-clip program compiled on their own
 (``init_state``, one rollout, one batch of updates, one ``train_iteration``) to show where the
-ops are. Each invocation replaces its ``--label`` rows in the CSV and rewrites the table;
+ops are. ``--studies`` adds the vmapped programs the studies compile (compiled, not run): one
+chunk of ``experiments/vaco_forward_lag.py --scale cpu`` (15 runs of 200 iterations at 8 × 64,
+VACO at M = 64 on CartPole-v1 and PPO-clip at M = 16 on Breakout-MinAtar, the settings of that
+script's ``cpu`` preset) and one variant of ``experiments/vaco_lag_sweep.py --scale cpu``
+(CartPole-v1 VACO, every lag × δ × seed in one program). Each invocation replaces its ``--label`` rows in the CSV and rewrites the table;
 ``--revision REV`` measures the package as it was at git revision REV (``git archive`` into a
 temporary folder, measured in a child process that imports it), so before and after are
 measured by one script on one machine:
@@ -52,9 +56,9 @@ OUT = Path(__file__).resolve().parents[1] / "results" / "bench"
 _OP = re.compile(r"^\s*(%\S+|ROOT \S+|\S+) = ", re.MULTILINE)
 
 
-def profile(fn, args, repeats: int) -> dict:
+def profile(fn, args, repeats: int, run: bool = True) -> dict:
     """Median lower and compile seconds of ``jit(fn)(*args)`` over ``repeats`` cold compiles,
-    and op counts."""
+    op counts, and (``run``) the median run seconds."""
     lower_s, compile_s = [], []
     for _ in range(repeats):
         jax.clear_caches()
@@ -64,14 +68,15 @@ def profile(fn, args, repeats: int) -> dict:
         start = time.perf_counter()
         compiled = lowered.compile()
         compile_s.append(time.perf_counter() - start)
-    jax.block_until_ready(compiled(*args))  # warm-up
+    if run:
+        jax.block_until_ready(compiled(*args))  # warm-up
     run_s = []
-    for _ in range(max(repeats, 3)):
+    for _ in range(max(repeats, 3) if run else 0):
         start = time.perf_counter()
         jax.block_until_ready(compiled(*args))
         run_s.append(time.perf_counter() - start)
     return {"lower_s": statistics.median(lower_s), "compile_s": statistics.median(compile_s),
-            "run_s": statistics.median(run_s),
+            "run_s": statistics.median(run_s) if run_s else None,
             "stablehlo_ops": len(_OP.findall(lowered.as_text())),
             "optimized_hlo_ops": len(_OP.findall(compiled.as_text()))}
 
@@ -101,15 +106,50 @@ def _parts(config: TrainConfig) -> dict:
     }
 
 
-def measure(repeats: int, parts: bool) -> list[dict]:
-    """Profile rows of every program with the ``fresh_rl`` that is imported."""
+def _study_programs() -> dict:
+    """The studies' vmapped programs as (fn, args): one chunk of the forward-lag study's stages and
+    one variant of the lag sweep (``--studies``)."""
+    from fresh_rl.control import HyperParams
+    from fresh_rl.control.forward_lag_study import Scale, config_for, train_kept
+    from fresh_rl.control.presets import VACO_SCALES, study_variants, variant_config, variant_grid
+    from fresh_rl.sweep.keys import seed_keys
+
+    def task(env, **kw):  # experiments/vaco_forward_lag.py's cpu preset
+        return TrainConfig(env_name=env, num_envs=8, rollout_length=64, total_env_steps=8 * 64 * 200, num_minibatches=4,
+                           eval_every=20, eval_episodes=8, num_actor_groups=4, **kw)
+    scale = Scale((), (0, 4, 16), 4.0, (4, 16, 64), 16, (3e-4, 1e-3, 3e-3), 5, 10, 15)
+    chunk = scale.chunk
+    programs = {}
+    for name, config in {
+            "forward_lag/CartPole-v1/vaco/M=64": config_for(task("CartPole-v1", normalize_obs=True), scale, "vaco",
+                                                             0.2, 64, "fixed"),
+            "forward_lag/Breakout-MinAtar/ppo_clip/M=16": config_for(
+                task("Breakout-MinAtar", normalize_obs=False, hidden_sizes=(64,), entropy_coef=0.01), scale,
+                "ppo_clip", 0.2, 16, "fixed")}.items():
+        grid = {"learning_rate": [1e-3] * chunk, "lag": [4] * chunk}
+        programs[f"{name} ({chunk} runs)"] = (jax.vmap(functools.partial(train_kept, config)),
+                                              (seed_keys(list(range(chunk))), HyperParams.from_grid(config, grid)))
+    sweep = VACO_SCALES["cpu"]
+    cartpole = next(t for t in sweep.tasks if t.name == "CartPole-v1")
+    _, method, overrides, deltas = next(v for v in study_variants(sweep, cartpole) if v[0] == "vaco")
+    config = variant_config(cartpole, method, overrides, sweep.ring_size)
+    grid, hparams = variant_grid(config, sweep.lags, deltas, sweep.num_seeds, 0)
+    programs[f"lag_sweep/CartPole-v1/vaco ({grid.size} runs)"] = (
+        jax.vmap(lambda key, hp: train(config, key, hp).metrics), (grid.keys, hparams))
+    return programs
+
+
+def measure(repeats: int, parts: bool, studies: bool = False) -> list[dict]:
+    """Profile rows of every program with the ``fresh_rl`` that is imported (study programs
+    compiled, not run)."""
     programs = {name: (functools.partial(train, config), (jax.random.PRNGKey(0),))
                 for name, config in PROGRAMS.items()}
     if parts:
         programs.update(_parts(PROGRAMS["ppo_clip"]))
+    study = _study_programs() if studies else {}
     rows = []
-    for name, (fn, fn_args) in programs.items():
-        row = {"program": name, **profile(fn, fn_args, repeats)}
+    for name, (fn, fn_args) in {**programs, **study}.items():
+        row = {"program": name, **profile(fn, fn_args, repeats, run=name not in study)}
         row["total_s"] = row["lower_s"] + row["compile_s"]
         print(json.dumps(row), flush=True)
         rows.append(row)
@@ -122,10 +162,12 @@ def main(argv=None):
     parser.add_argument("--revision", default=None, help="measure the package at this git revision")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--parts", action="store_true", help="also profile the pieces of the PPO-clip program")
+    parser.add_argument("--studies", action="store_true",
+                        help="also compile (not run) the studies' vmapped programs")
     parser.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)  # child mode
     args = parser.parse_args(argv)
     if args.measure:
-        measure(args.repeats, args.parts)
+        measure(args.repeats, args.parts, args.studies)
         return
     if not args.label:
         parser.error("--label is required")
@@ -133,9 +175,10 @@ def main(argv=None):
 
     if args.revision:
         measured, commit = measure_at_revision(
-            __file__, args.revision, ["--repeats", str(args.repeats), *(["--parts"] if args.parts else [])])
+            __file__, args.revision, ["--repeats", str(args.repeats), *(["--parts"] if args.parts else []),
+                                      *(["--studies"] if args.studies else [])])
     else:
-        measured, commit = measure(args.repeats, args.parts), git_commit()
+        measured, commit = measure(args.repeats, args.parts, args.studies), git_commit()
     rows = replace_label_rows(OUT / "compile_profile.csv", args.label,
                               [{"label": args.label, "commit": commit, **row} for row in measured])
 
@@ -146,7 +189,8 @@ def main(argv=None):
         "persistent compilation cache off; medians over repeats.",
         f"Programs: single-seed `jit(train)` on CartPole-v1, {_BASE['num_envs']} envs × "
         f"{_BASE['rollout_length']} steps × 20 iterations, 4 epochs × 4 minibatches; `vaco_lag4` = VACO "
-        "at fixed lag 4.", "",
+        "at fixed lag 4. Rows named `forward_lag/…` and `lag_sweep/…` (`--studies`): the studies' vmapped "
+        "programs, compiled and not run (the docstring says which).", "",
         "| label | commit | program | lower (s) | compile (s) | total (s) | run (s) | StableHLO ops | optimised HLO ops |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
