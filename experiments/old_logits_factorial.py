@@ -5,9 +5,9 @@ Control trainer, decoupled PPO (MIS token mask on r_d = π_old/π_infer, PPO cli
 the clip centre each from ``snapshot`` (exact) or ``recompute_current`` (the current weights):
 arms ``snapshot``, ``mask_snapshot_clip_current``, ``mask_current_clip_snapshot``,
 ``recompute_current`` (:data:`fresh_rl.corrections.routes.FACTORIAL_ROUTES`). Staleness settings:
-fixed lag 4, fixed lag 16, uniform U{0..16} redrawn per iteration. Per (task, setting), three
-resumable stages (:func:`fresh_rl.control.old_logits_factorial_study.run_cell`), all routes traced in
-one program:
+fixed lag 4, fixed lag 16, uniform U{0..16} redrawn per iteration. Per (task, setting), three resumable
+stages (:func:`fresh_rl.control.old_logits_factorial_study.run_cell`), all routes traced in one program
+(claims: experiments/claims/old_logits_factorial.toml):
 
 1. *tuning* (seeds 0–4): the four arms and ``ewma_no_reset`` × the learning-rate grid;
 2. *calibration* (seeds 0–4): ``ewma`` at every reset threshold, at ``ewma_no_reset``'s tuned
@@ -16,10 +16,9 @@ one program:
 3. *scoring* (seeds 5–14): each arm at its tuned rate; ``ewma`` (calibrated threshold) and
    ``ewma_no_reset`` at ``ewma_no_reset``'s rate.
 
-Outputs (``results/old_logits_factorial/``): ``runs.csv``, ``tuning.csv``, ``calibration.csv``,
-``effects.csv`` (per cell: the total gap, the mask and clip main effects and the interaction,
-seed-paired 95% intervals), ``effects.png``, ``mechanism.png`` (ρ_active, clip fraction per arm
-and setting), ``config.json``, ``README.md``. Claims: experiments/claims/old_logits_factorial.toml.
+Outputs (``results/old_logits_factorial/``): ``runs.csv``, ``tuning.csv``, ``calibration.csv``, ``effects.csv``
+(per cell: the total gap, the mask and clip main effects and their interaction, seed-paired 95% intervals),
+``effects.png``, ``mechanism.png`` (ρ_active, clip fraction per arm and setting), ``config.json``, ``README.md``.
 
     python experiments/old_logits_factorial.py --scale ci   # the tests
     python experiments/old_logits_factorial.py --scale cpu  # CartPole-v1 + Acrobot-v1, 5 + 10 seeds
@@ -41,7 +40,6 @@ from fresh_rl.sweep import output_lock
 from fresh_rl.sweep.study_cli import study_main
 
 RESULTS = REPOSITORY_ROOT / "results" / "old_logits_factorial"
-
 SCALES = named({
     "ci": Scale((factorial_task("CartPole-v1", 4, 16, 12, 6, 2),), ("fixed4",), (1e-3, 3e-3), (0.5, 0.9), 1, 2, 4),
     "cpu": Scale(tuple(factorial_task(env, 8, 64, 250, 25, 8) for env in ("CartPole-v1", "Acrobot-v1")),
@@ -116,17 +114,16 @@ def readme_lines(scale: Scale, results: list[dict], t: dict, seed: int) -> list[
         *markdown_table(("task", "setting", "contrast", "difference"), (
             (e["task"], e["setting"], e["contrast"], interval_text(e["difference"], e["low"], e["high"]))
             for e in returns)), "",
-        "Where the total gap's interval lies above 0, the share of each half (main effects; they add up to "
-        "the gap):", "", *(reading or ["- no cell's gap is above 0."]), "",
+        "Where the total gap's interval lies above 0, the share of each half (main effects; they add up to the gap):",
+        "", *(reading or ["- no cell's gap is above 0."]), "",
         "## Reset calibration (tuning seeds, `calibration.csv`)", "",
         *markdown_table(("task", "setting", "lr (ewma_no_reset's)", *(f"{t:g}" for t in scale.thresholds), "kept"),
                         calibration), "",
         "Reset rate = fraction of iterations whose ρ_active fell below the threshold (θ_ref ← θ). The scored "
         "rate is in the arms table; the reset claims are testable only where it lies in 5–50%.", "",
-        "## Verdicts", "",
-        "Decided in [results/VERDICTS.md](../VERDICTS.md#old_logits_factorial) by `python experiments/verdicts.py` "
-        "from `runs.csv` and experiments/claims/old_logits_factorial.toml: one pooled Student-t test per claim "
-        "over its cells, the cells Holm-corrected; a reset cell outside 5–50% measured resets is not testable."]
+        "## Verdicts", "", "Decided in [results/VERDICTS.md](../VERDICTS.md#old_logits_factorial) by `python "
+        "experiments/verdicts.py` from `runs.csv` and experiments/claims/old_logits_factorial.toml: one pooled "
+        "Student-t test per claim over its cells, Holm-corrected; a reset cell outside 5–50% resets is not testable."]
 
 
 def run(scale: Scale, out_dir: Path, seed: int = 0, fresh: bool = False, log=print) -> str:

@@ -209,3 +209,14 @@ def test_every_package_module_is_imported_by_the_default_suite():
         reached.add(module)
         frontier += sorted(_imported_fresh_rl_modules(paths[module], package) - reached)
     assert package - reached == set(), f"no default-suite test imports {sorted(package - reached)}"
+
+
+STUDY_SCRIPT_LINES = 150
+"""An experiment script is a study definition (presets, grid, claims, figures); what is longer
+belongs in a ``fresh_rl`` module that tests and other studies can reach."""
+
+
+def test_every_experiment_script_is_a_short_study_definition():
+    long = {p.name: n for p in (ROOT / "experiments").glob("*.py")
+            if (n := len(p.read_text().splitlines())) > STUDY_SCRIPT_LINES}
+    assert long == {}, f"over {STUDY_SCRIPT_LINES} lines: {long}"
