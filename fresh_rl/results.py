@@ -8,8 +8,9 @@ the ``.npz`` it saves says which axis is which (:meth:`NamedArrays.to_npz`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -107,9 +108,37 @@ class NamedArrays:
 
     def mean(self, dim: str) -> NamedArrays:
         """Every variable's mean over ``dim`` (NaN stays NaN), which is dropped."""
+        return self._reduced(dim, np.mean)
+
+    def sum(self, dim: str) -> NamedArrays:
+        """Every variable's sum over ``dim`` (e.g. histogram counts over seeds), which is dropped."""
+        return self._reduced(dim, np.sum)
+
+    def _reduced(self, dim: str, reduce: Callable[..., np.ndarray]) -> NamedArrays:
         axis = self.axis(dim)
         return NamedArrays(self.dims[:axis] + self.dims[axis + 1:], {d: c for d, c in self.coords.items() if d != dim},
-                           {k: v.mean(axis=axis) for k, v in self.data.items()}, self.attrs)
+                           {k: reduce(v, axis=axis) for k, v in self.data.items()}, self.attrs)
+
+    @classmethod
+    def from_grid(cls, flat: Mapping[str, np.ndarray], coords: Mapping[str, Sequence],
+                  attrs: Optional[Mapping[str, np.ndarray]] = None) -> NamedArrays:
+        """Flat arrays whose leading axis runs over a product grid, reshaped into its dims.
+
+        ``coords``: each dim's values, in axis order (the first slowest, the last fastest: row-major,
+        as :func:`itertools.product`). :func:`fresh_rl.sweep.product_grid` ``(n, s, a=A, b=B)``
+        orders its rows so: its grid is ``coords = {"a": A, "b": B, "seed": range(s, s + n)}``
+        (the seed fastest). ``ValueError`` names a variable whose leading size is not the product
+        of the coordinate lengths."""
+        shape = tuple(len(values) for values in coords.values())
+        data = {}
+        for name, array in flat.items():
+            array = np.asarray(array)
+            size = array.shape[0] if array.ndim else None
+            if size != math.prod(shape):
+                raise ValueError(f"variable {name!r} has leading size {size} but the grid {dict(zip(coords, shape))} "
+                                 f"has {math.prod(shape)} points: shape {array.shape}")
+            data[name] = array.reshape(shape + array.shape[1:])
+        return cls(tuple(coords), coords, data, attrs or {})
 
     def assign(self, **arrays: np.ndarray) -> NamedArrays:
         """These arrays added as variables (shape-checked), replacing any of the same name."""

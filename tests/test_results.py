@@ -1,13 +1,14 @@
 """fresh_rl.results.NamedArrays against plain NumPy indexing: ``sel`` is the positional slice at
-the coordinate's position, ``isel`` and ``mean`` drop the named axis, the ``.npz`` round trip
-keeps dims, coordinates, variables and attrs exactly, and bad dims, values and shapes raise
-errors naming them."""
+the coordinate's position, ``isel``, ``mean`` and ``sum`` drop the named axis, the ``.npz`` round trip
+keeps dims, coordinates, variables and attrs exactly, ``from_grid`` puts each row of a
+``product_grid`` at its point, and bad dims, values and shapes raise errors naming them."""
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from fresh_rl.results import DIMS_KEY, NamedArrays
+from fresh_rl.sweep import product_grid
 
 
 @st.composite
@@ -46,6 +47,7 @@ def test_sel_is_the_positional_slice_at_every_coordinate(case):
                 np.testing.assert_array_equal(picked[name], _positional(arrays, dim, position, name))
                 np.testing.assert_array_equal(arrays.isel(**{dim: position})[name], picked[name])
                 np.testing.assert_array_equal(arrays.mean(dim)[name], data[name].mean(axis=axis))
+                np.testing.assert_array_equal(arrays.sum(dim)[name], data[name].sum(axis=axis))
 
 
 @given(named_arrays())
@@ -75,6 +77,23 @@ def test_npz_round_trip_keeps_dims_coords_data_and_attrs(tmp_path_factory, case)
     assert [p.name for p in path.parent.iterdir()] == ["run.npz"]  # the atomic write leaves no temporary file
 
 
+@given(st.lists(st.lists(st.integers(-50, 50), min_size=1, max_size=3, unique=True), max_size=2),
+       st.integers(1, 3), st.integers(0, 100), st.integers(1, 3))
+def test_from_grid_puts_each_product_grid_row_at_its_point(hyperparameters, num_seeds, first_seed, trailing):
+    """``from_grid(flat, {**values, "seed": seeds}).sel(**row)`` is the flat array at the row
+    :func:`fresh_rl.sweep.product_grid` gives that point (the seed fastest)."""
+    values = {f"hp{i}": v for i, v in enumerate(hyperparameters)}
+    grid = product_grid(num_seeds, first_seed, **values)
+    flat = {"returns": np.arange(grid.size * trailing).reshape(grid.size, trailing), "count": np.arange(grid.size)}
+    arrays = NamedArrays.from_grid(flat, {**values, "seed": range(first_seed, first_seed + num_seeds)},
+                                   {"config": np.array("c")})
+    assert arrays.dims == (*values, "seed") and arrays.attrs.keys() == {"config"}
+    for row, point in enumerate(grid.rows):
+        cell = arrays.sel(**point)
+        np.testing.assert_array_equal(cell["returns"], flat["returns"][row])
+        assert cell["count"] == row
+
+
 def _run():
     return NamedArrays(("lag", "delta", "seed"), {"lag": (0, 8, -1), "delta": (0.1, 0.2)},
                        {"episode_return": np.zeros((3, 2, 4, 5))}, {"config": np.array("c")})
@@ -101,6 +120,9 @@ def test_mismatched_shapes_name_the_variable_dim_and_sizes():
         NamedArrays(("lag",), {"lag": (0, 8, -1)}, {"tv": np.zeros((2, 5))})
     with pytest.raises(ValueError, match=r"variable 'gap' has size None along dim 'seed' \(axis 2\)"):
         _run().assign(gap=np.zeros((3, 2)))
+    with pytest.raises(ValueError, match=r"variable 'tv' has leading size 5 but the grid \{'lag': 3, 'seed': 2\} "
+                                         "has 6 points"):
+        NamedArrays.from_grid({"x": np.zeros(6), "tv": np.zeros((5, 2))}, {"lag": (0, 8, -1), "seed": range(2)})
     with pytest.raises(ValueError, match="coordinates of dim 'lag' repeat"):
         NamedArrays(("lag",), {"lag": (0, 0)}, {"tv": np.zeros(2)})
     with pytest.raises(ValueError, match="dims must be unique and name every coords key"):

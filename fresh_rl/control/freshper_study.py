@@ -33,6 +33,7 @@ from fresh_rl.presets import Preset, named
 from fresh_rl.replay.methods import REPLAY_METHODS, replay_hparams
 from fresh_rl.studies.freshper_tau_sweep import mean_by_age
 from fresh_rl.report import histogram_mean, interval_text, markdown_table
+from fresh_rl.results import NamedArrays
 from fresh_rl.sweep import product_grid, run_stage
 
 # The study's arms, as when its runs were committed (the registry may grow past them).
@@ -187,10 +188,11 @@ def drift_pilot(config: TrainConfig, scale: Scale, out_dir: Path, seed: int) -> 
                      {"learning_rate": [r["learning_rate"] for r in grid.rows]})
     out, seconds = run_kept(config, KEEP, grid, hp, out_dir / "runs" / f"{config.env_name}-pilot",
                             f"pilot {config_fingerprint(config)} seeds={n}@{seed} lrs={lrs}", n * len(lrs))
+    runs = NamedArrays.from_grid(out, {"learning_rate": lrs, "seed": range(seed, seed + n)})
     ages = np.arange(config.replay.buffer_iterations)
     drift = {}
-    for i, lr in enumerate(lrs):
-        ess, kl = (mean_by_age(out[f"drift/{k}"][i * n:(i + 1) * n]) for k in ("ess", "kl"))
+    for lr in lrs:
+        ess, kl = (mean_by_age(runs.sel(learning_rate=lr)[f"drift/{k}"]) for k in ("ess", "kl"))
         drift[lr] = {"ess": ess, "kl": kl, "tau_fit": fit_ess_time_constant(ages, ess), "stage_seconds": seconds}
     return drift
 
@@ -198,8 +200,8 @@ def drift_pilot(config: TrainConfig, scale: Scale, out_dir: Path, seed: int) -> 
 def study(config: TrainConfig, scale: Scale, drift: dict, out_dir: Path, seed: int, log=print, names=None,
           stage: str = "study") -> dict:
     """Stages 2 and 3: every (method, optimizer) of ``names`` (default :func:`variants`) × lrs ×
-    seeds, FreshPER's τ the multiple of the pilot's τ_fit its method names; outputs shaped
-    ``[variants, lrs, seeds, …]``."""
+    seeds, FreshPER's τ the multiple of the pilot's τ_fit its method names; ``data`` over the dims
+    ``variant`` (:func:`variant_name`), ``learning_rate``, ``seed``."""
     lrs, env, names, n = scale.learning_rates, config.env_name, names or variants(), scale.num_seeds
     grid = product_grid(n, seed, variant=list(range(len(names))), learning_rate=lrs)
     rows = [replay_hparams(names[r["variant"]][0], drift[r["learning_rate"]]["tau_fit"], names[r["variant"]][1])
@@ -210,12 +212,13 @@ def study(config: TrainConfig, scale: Scale, drift: dict, out_dir: Path, seed: i
     out, seconds = run_kept(config, KEEP, grid, hp, out_dir / "runs" / f"{env}-{stage}",
                             f"{stage} {config_fingerprint(config)} seeds={n}@{seed} lrs={lrs} "
                             f"tau_fit={taus} variants={names}", n * len(lrs))
-    return {"grid": grid, "rows": rows, "data": {k: v.reshape(len(names), len(lrs), n, *v.shape[1:])
-                                                  for k, v in out.items()}, "seconds": seconds}
+    coords = {"variant": [variant_name(*v) for v in names], "learning_rate": lrs, "seed": range(seed, seed + n)}
+    return {"grid": grid, "rows": rows, "data": NamedArrays.from_grid(out, coords), "seconds": seconds}
 
 
 def short_tau_stage(config: TrainConfig, scale: Scale, out_dir: Path, seed: int, log=print) -> dict:
-    """Stage 4: FreshPER (shared Adam, IS) at the absolute τ of :data:`SHORT_TAUS` × lrs × seeds."""
+    """Stage 4: FreshPER (shared Adam, IS) at the absolute τ of :data:`SHORT_TAUS` × lrs × seeds;
+    ``data`` over the dims ``tau``, ``learning_rate``, ``seed``."""
     lrs, env, n = scale.learning_rates, config.env_name, scale.num_seeds
     grid = product_grid(n, seed, tau=SHORT_TAUS, learning_rate=lrs)
     hp = replay_grid(config, [replay_hparams("freshper_1", r["tau"]) for r in grid.rows],
@@ -224,8 +227,8 @@ def short_tau_stage(config: TrainConfig, scale: Scale, out_dir: Path, seed: int,
     out, seconds = run_kept(config, KEEP, grid, hp, out_dir / "runs" / f"{env}-short_tau",
                             f"short_tau {config_fingerprint(config)} seeds={n}@{seed} lrs={lrs} taus={SHORT_TAUS}",
                             n * len(lrs))
-    return {"data": {k: v.reshape(len(SHORT_TAUS), len(lrs), n, *v.shape[1:]) for k, v in out.items()},
-            "seconds": seconds}
+    coords = {"tau": SHORT_TAUS, "learning_rate": lrs, "seed": range(seed, seed + n)}
+    return {"data": NamedArrays.from_grid(out, coords), "seconds": seconds}
 
 
 def run_task(config: TrainConfig, scale: Scale, out_dir: Path, seed: int, log=print) -> dict:
@@ -250,11 +253,12 @@ def plot_drift_fit(ax, buffer: int, drift: dict) -> None:
     ax.set(xlabel="age (iterations)", ylabel="per-step ESS/n (on-policy pilot)")
 
 
-def scores(data: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Final learner score (the last evaluation's deterministic return) and the mean over every
-    evaluation of the run (learning speed), shaped as the stage (``[variants, lrs, seeds]``)."""
+def scores(data: NamedArrays) -> NamedArrays:
+    """Each run's ``final`` learner score (the last evaluation's deterministic return) and
+    ``mean`` over every evaluation of the run (learning speed), over the stage's dims."""
     ret, valid = data["eval/return_deterministic"], data["eval/valid"].astype(bool)
-    return ret[..., -1], np.where(valid, ret, 0).sum(-1) / np.maximum(valid.sum(-1), 1)
+    return NamedArrays(data.dims, data.coords, {"final": ret[..., -1],
+                                                "mean": np.where(valid, ret, 0).sum(-1) / np.maximum(valid.sum(-1), 1)})
 
 
 def _interval_columns(values, prefix: str) -> dict:
@@ -262,9 +266,9 @@ def _interval_columns(values, prefix: str) -> dict:
     return {prefix: float(m[0]), f"{prefix}_low": float(m[1]), f"{prefix}_high": float(m[2])}
 
 
-def _tau_row(env, lr, tau_fit, tau, stage, final, mean) -> dict:
+def _tau_row(env, lr, tau_fit, tau, stage, cell: NamedArrays) -> dict:
     return {"task": env, "learning_rate": lr, "stage": stage, "tau": float(tau), "tau_over_tau_fit": float(tau / tau_fit),
-            **_interval_columns(final, "final"), **_interval_columns(mean, "mean")}
+            **_interval_columns(cell["final"], "final"), **_interval_columns(cell["mean"], "mean")}
 
 
 def tables(scale: Scale, tasks: dict, claims) -> dict[str, list[dict]]:
@@ -276,75 +280,75 @@ def tables(scale: Scale, tasks: dict, claims) -> dict[str, list[dict]]:
                                "is_normalization", "drift_by_method", "short_tau", "short_tau_runs")}
     for env, task in tasks.items():
         drift, grid, data = task["drift"], task["study"]["grid"], task["study"]["data"]
-        final, mean = scores(data)
+        score, seed_totals = scores(data), data.sum("seed")
         ages = np.arange(task["config"].replay.buffer_iterations)
         for r, hp in zip(grid.rows, task["study"]["rows"]):
-            cell = (r["variant"], lrs.index(r["learning_rate"]), r["seed"] - grid.rows[0]["seed"])
-            t["runs"].append({"task": env, "variant": names[cell[0]], "learning_rate": r["learning_rate"],
+            point = {"variant": names[r["variant"]], "learning_rate": r["learning_rate"], "seed": r["seed"]}
+            run, run_score = data.sel(**point), score.sel(**point)
+            t["runs"].append({"task": env, "variant": point["variant"], "learning_rate": r["learning_rate"],
                               "seed": r["seed"], "age_decay_tau": hp["age_decay_tau"],
-                              "final_return": float(final[cell]), "mean_eval_return": float(mean[cell]),
-                              "mean_sampled_age": histogram_mean(data["sampled_age_counts"][cell]),
-                              "num_updates": int(data["num_updates"][cell]), "adam_count": int(data["adam_count"][cell])})
-        for v, name in enumerate(names):
-            for li, lr in enumerate(lrs):
+                              "final_return": float(run_score["final"]), "mean_eval_return": float(run_score["mean"]),
+                              "mean_sampled_age": histogram_mean(run["sampled_age_counts"]),
+                              "num_updates": int(run["num_updates"]), "adam_count": int(run["adam_count"])})
+        for name in names:
+            for lr in lrs:
+                cell, cell_score = data.sel(variant=name, learning_rate=lr), score.sel(variant=name, learning_rate=lr)
                 t["final"].append({"task": env, "variant": name, "learning_rate": lr, "seeds": scale.num_seeds,
-                                   **_interval_columns(final[v, li], "final"), **_interval_columns(mean[v, li], "mean")})
-                counts = data["sampled_age_counts"][v, li].sum(0)
+                                   **_interval_columns(cell_score["final"], "final"),
+                                   **_interval_columns(cell_score["mean"], "mean")})
+                counts = seed_totals.sel(variant=name, learning_rate=lr)["sampled_age_counts"]
                 if counts.sum():
                     t["sampled_age"] += [{"task": env, "variant": name, "learning_rate": lr, "age": int(a),
                                           "fraction": float(counts[a] / counts.sum())} for a in ages]
-        method_drift = {k: mean_by_age(data[f"drift/{k}"], axis=(2, 3)) for k in ("ess", "kl")}  # [V, L, H]
-        t["drift_by_method"] += [{"task": env, "variant": name, "learning_rate": lr, "age": int(a),
-                                  "ess_fraction": float(method_drift["ess"][v, li, a]),
-                                  "kl_k3": float(method_drift["kl"][v, li, a])}
-                                 for v, name in enumerate(names) for li, lr in enumerate(lrs) for a in ages]
+                ess, kl = (mean_by_age(cell[f"drift/{k}"]) for k in ("ess", "kl"))
+                t["drift_by_method"] += [{"task": env, "variant": name, "learning_rate": lr, "age": int(a),
+                                          "ess_fraction": float(ess[a]), "kl_k3": float(kl[a])} for a in ages]
         t["ess_vs_age"] += [{"task": env, "learning_rate": lr, "age": int(a), "ess_fraction": float(drift[lr]["ess"][a]),
                              "kl_k3": float(drift[lr]["kl"][a]), "tau_fit": drift[lr]["tau_fit"]}
                             for lr in lrs for a in ages]
-        for li, lr in enumerate(lrs):
+        for lr in lrs:
+            at_lr = score.sel(learning_rate=lr)
             t["score_vs_tau"] += [_tau_row(env, lr, drift[lr]["tau_fit"], REPLAY_METHODS[n].tau_factor
-                                           * drift[lr]["tau_fit"], "study", final[names.index(n), li],
-                                           mean[names.index(n), li]) for n in ("freshper_0.3", "freshper_1", "freshper_3")]
+                                           * drift[lr]["tau_fit"], "study", at_lr.sel(variant=n))
+                                  for n in ("freshper_0.3", "freshper_1", "freshper_3")]
             t["verdicts"] += [{"task": env, "learning_rate": lr, "claim": text, "score": metric,
-                               **paired_claim(values[names.index(a), li], values[names.index(b), li], positive)}
-                              for text, a, b, positive in claims for metric, values in (("final", final), ("mean", mean))]
-        buffer_scores, batch_scores = scores(data), scores(task["batch_is"]["data"])
-        for v, method in enumerate(BATCH_NORMALIZED):
-            for li, lr in enumerate(lrs):
+                               **paired_claim(at_lr.sel(variant=a)[metric], at_lr.sel(variant=b)[metric], positive)}
+                              for text, a, b, positive in claims for metric in ("final", "mean")]
+        batch_scores = scores(task["batch_is"]["data"])
+        for method in BATCH_NORMALIZED:
+            for lr in lrs:
+                per_batch, buffer_wide = (x.sel(variant=method, learning_rate=lr) for x in (batch_scores, score))
                 row = {"task": env, "variant": method, "learning_rate": lr, "stage_seconds": task["batch_is"]["seconds"]}
-                for score, buffer_wide, per_batch in zip(("final", "mean"), buffer_scores, batch_scores):
-                    row.update(_interval_columns(per_batch[v, li], f"{score}_batch_is"))
-                    row.update({f"{score}_{k}": x for k, x in paired_claim(
-                        per_batch[v, li], buffer_wide[names.index(method), li], True).items()})
+                for metric in ("final", "mean"):
+                    row.update(_interval_columns(per_batch[metric], f"{metric}_batch_is"))
+                    row.update({f"{metric}_{k}": x for k, x in paired_claim(
+                        per_batch[metric], buffer_wide[metric], True).items()})
                 t["is_normalization"].append(row)
     for env, task in tasks.items():
         drift, short = task["drift"], task["short_tau"]
-        base_final, base_mean = scores(task["study"]["data"])
-        final, mean = scores(short["data"])
+        base, short_score = scores(task["study"]["data"]), scores(short["data"])
         ages = np.arange(task["config"].replay.buffer_iterations)
-        for ti, tau in enumerate(SHORT_TAUS):
-            for li, lr in enumerate(lrs):
-                per = names.index("per_given")
+        for tau in SHORT_TAUS:
+            for lr in lrs:
+                cell = short_score.sel(tau=tau, learning_rate=lr)
+                per, epochs = (base.sel(variant=v, learning_rate=lr) for v in ("per_given", "onpolicy_epochs"))
                 t["short_tau"].append({
                     "task": env, "tau": tau, "learning_rate": lr,
                     "pilot_kl_at_age_tau": float(drift[lr]["kl"][min(int(tau), len(ages) - 1)]),
-                    "mean_sampled_age": histogram_mean(short["data"]["sampled_age_counts"][ti, li]),
-                    **_interval_columns(final[ti, li], "final"), **_interval_columns(mean[ti, li], "mean"),
+                    "mean_sampled_age": histogram_mean(short["data"].sel(tau=tau, learning_rate=lr)["sampled_age_counts"]),
+                    **_interval_columns(cell["final"], "final"), **_interval_columns(cell["mean"], "mean"),
                     "stage_seconds": short["seconds"],
-                    **{f"vs_per_{k}_{key}": v for k, values, base in (
-                        ("final", final, base_final), ("mean", mean, base_mean))
-                       for key, v in paired_claim(values[ti, li], base[per, li], True).items()},
+                    **{f"vs_per_{metric}_{key}": v for metric in ("final", "mean")
+                       for key, v in paired_claim(cell[metric], per[metric], True).items()},
                     **{f"vs_onpolicy_epochs_mean_{key}": v for key, v in paired_claim(
-                        mean[ti, li], base_mean[names.index("onpolicy_epochs"), li], True).items()}})
-        first_seed = task["study"]["grid"].rows[0]["seed"]
-        t["short_tau_runs"] += [{"task": env, "tau": tau, "learning_rate": lr, "seed": first_seed + s,
-                                 "final_return": float(final[ti, li, s]), "mean_eval_return": float(mean[ti, li, s])}
-                                for ti, tau in enumerate(SHORT_TAUS) for li, lr in enumerate(lrs)
-                                for s in range(final.shape[-1])]
+                        cell["mean"], epochs["mean"], True).items()}})
+                t["short_tau_runs"] += [{"task": env, "tau": tau, "learning_rate": lr, "seed": s,
+                                         "final_return": float(cell.sel(seed=s)["final"]),
+                                         "mean_eval_return": float(cell.sel(seed=s)["mean"])} for s in cell.coords["seed"]]
     for env, task in tasks.items():
-        final, mean = scores(task["short_tau"]["data"])
-        t["score_vs_tau"] += [_tau_row(env, lr, task["drift"][lr]["tau_fit"], tau, "short_tau", final[ti, li],
-                                       mean[ti, li]) for li, lr in enumerate(lrs) for ti, tau in enumerate(SHORT_TAUS)]
+        short_score = scores(task["short_tau"]["data"])
+        t["score_vs_tau"] += [_tau_row(env, lr, task["drift"][lr]["tau_fit"], tau, "short_tau",
+                                       short_score.sel(tau=tau, learning_rate=lr)) for lr in lrs for tau in SHORT_TAUS]
     t["verdicts"] = holm_over_cells(t["verdicts"], family=("claim", "score"))
     return t
 

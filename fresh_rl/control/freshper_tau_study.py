@@ -22,6 +22,7 @@ from fresh_rl.presets import Preset
 from fresh_rl.studies import freshper_tau_sweep
 from fresh_rl.replay.methods import replay_hparams
 from fresh_rl.report import histogram_mean
+from fresh_rl.results import NamedArrays
 from fresh_rl.sweep import product_grid
 
 KEEP = ("eval/return_deterministic", "eval/valid", "drift/ess", "drift/ess_row", "drift/kl", "sampled_age_counts",
@@ -49,14 +50,14 @@ def run_arms(config: TrainConfig, scale: Scale, grid, lrs, out_dir: Path, stage:
                     f"arms={[r['arm'] for r in grid.rows]} lrs={list(lrs)}", chunk, f"{config.env_name} {stage}")
 
 
-def drift_curves(config: TrainConfig, out: dict, lrs, n: int) -> dict:
+def drift_curves(config: TrainConfig, tuning: NamedArrays) -> dict:
     """Per lr: seed- and snapshot-mean per-step / per-row (trajectory) ESS/n and KL by age of the
-    on-policy tuning runs (the first ``n · len(lrs)`` rows), and their τ fits. The row fit uses
-    ages whose ESS/n ≥ 2/num_envs (our choice: one age holds num_envs rows, so 1/num_envs is the
-    floor of a fully degenerate weight set)."""
-    curves = {}
-    for i, lr in enumerate(lrs):
-        mean = {name: freshper_tau_sweep.mean_by_age(out[f"drift/{k}"][i * n:(i + 1) * n])
+    on-policy runs of ``tuning`` (dims ``arm``, ``learning_rate``, ``seed``), and their τ fits. The
+    row fit uses ages whose ESS/n ≥ 2/num_envs (our choice: one age holds num_envs rows, so
+    1/num_envs is the floor of a fully degenerate weight set)."""
+    onpolicy, curves = tuning.sel(arm="onpolicy"), {}
+    for lr in onpolicy.coords["learning_rate"]:
+        mean = {name: freshper_tau_sweep.mean_by_age(onpolicy.sel(learning_rate=lr)[f"drift/{k}"])
                 for name, k in (("ess_step", "ess"), ("ess_trajectory", "ess_row"), ("kl", "kl"))}
         ages = np.arange(mean["ess_step"].size)
         curves[lr] = {**mean, "tau_step": fit_ess_time_constant(ages, mean["ess_step"]),
@@ -65,20 +66,25 @@ def drift_curves(config: TrainConfig, out: dict, lrs, n: int) -> dict:
 
 
 def run_task(config: TrainConfig, scale: Scale, out_dir: Path, seed: int) -> dict:
-    """Both stages of one task: the tuning means, the picks, the scoring grid and outputs, the
-    drift curves and the two stages' wall times."""
+    """Both stages of one task: the tuning means (``tuned``: ``mean_eval_return``, dims ``arm``,
+    ``learning_rate``), the picks, the scoring grid and outputs (``out``: dims ``arm``, ``seed``),
+    the drift curves and the two stages' wall times."""
     named, lrs, n = freshper_tau_sweep.arms(scale.taus), scale.learning_rates, scale.tuning_seeds
     grid = product_grid(n, seed, arm=list(named), learning_rate=lrs)
     tuning, tuning_seconds = run_arms(config, scale, grid, [r["learning_rate"] for r in grid.rows], out_dir,
                                       "tuning", n * len(lrs))
-    mean = eval_mean_score(tuning["eval/return_deterministic"], tuning["eval/valid"])
-    tuned = mean.reshape(len(named), len(lrs), n).mean(-1)
-    picked = freshper_tau_sweep.picked_rates(tuned, named, lrs)
+    coords = {"arm": list(named), "learning_rate": lrs, "seed": range(seed, seed + n)}
+    tuned = NamedArrays.from_grid({"mean_eval_return": eval_mean_score(
+        tuning["eval/return_deterministic"], tuning["eval/valid"])}, coords).mean("seed")
+    picked = freshper_tau_sweep.picked_rates(tuned, "mean_eval_return")
     scoring_grid = product_grid(scale.scoring_seeds, seed + n, arm=list(named))
     scoring, scoring_seconds = run_arms(config, scale, scoring_grid, [picked[r["arm"]] for r in scoring_grid.rows],
                                         out_dir, "scoring", n * len(lrs))
-    return {"config": config, "tuned": tuned, "picked": picked, "grid": scoring_grid, "out": scoring,
-            "drift": drift_curves(config, tuning, lrs, n), "seconds": (tuning_seconds, scoring_seconds)}
+    scoring_seeds = range(seed + n, seed + n + scale.scoring_seeds)
+    return {"config": config, "tuned": tuned, "picked": picked, "grid": scoring_grid,
+            "out": NamedArrays.from_grid(scoring, {"arm": list(named), "seed": scoring_seeds}),
+            "drift": drift_curves(config, NamedArrays.from_grid(tuning, coords)),
+            "seconds": (tuning_seconds, scoring_seconds)}
 
 
 def tables(scale: Scale, results: dict) -> tuple[dict[str, list[dict]], dict[str, dict]]:
@@ -86,22 +92,25 @@ def tables(scale: Scale, results: dict) -> tuple[dict[str, list[dict]], dict[str
     :func:`run_task`'s results per task."""
     named, t, scores = freshper_tau_sweep.arms(scale.taus), {}, {}
     for env, res in results.items():
-        out, picked, cell = res["out"], res["picked"], {"task": env}
-        final = out["eval/return_deterministic"][:, -1]
-        mean = eval_mean_score(out["eval/return_deterministic"], out["eval/valid"])
-        runs = [{"task": env, "arm": r["arm"], "method": named[r["arm"]][0], "tau": named[r["arm"]][1],
-                 "learning_rate": picked[r["arm"]], "seed": r["seed"], "final_return": float(final[i]),
-                 "mean_eval_return": float(mean[i]), "mean_sampled_age": histogram_mean(out["sampled_age_counts"][i]),
-                 "num_updates": int(out["num_updates"][i])} for i, r in enumerate(res["grid"].rows)]
-        counts = out["sampled_age_counts"].reshape(len(named), scale.scoring_seeds, -1).sum(1)
+        scoring, picked, cell = res["out"], res["picked"], {"task": env}
+        out = scoring.assign(final_return=scoring["eval/return_deterministic"][..., -1],
+                             mean_eval_return=eval_mean_score(scoring["eval/return_deterministic"], scoring["eval/valid"]))
+        runs = []
+        for r in res["grid"].rows:
+            run = out.sel(arm=r["arm"], seed=r["seed"])
+            runs.append({"task": env, "arm": r["arm"], "method": named[r["arm"]][0], "tau": named[r["arm"]][1],
+                         "learning_rate": picked[r["arm"]], "seed": r["seed"], "final_return": float(run["final_return"]),
+                         "mean_eval_return": float(run["mean_eval_return"]),
+                         "mean_sampled_age": histogram_mean(run["sampled_age_counts"]), "num_updates": int(run["num_updates"])})
+        totals = out.sum("seed")
         scores[env] = freshper_tau_sweep.score_rows(
             named, picked, runs, ("mean_eval_return", "final_return"),
-            {arm: histogram_mean(counts[i]) for i, arm in enumerate(named)}, res["config"].replay.buffer_iterations,
-            cell)
+            {arm: histogram_mean(totals.sel(arm=arm)["sampled_age_counts"]) for arm in named},
+            res["config"].replay.buffer_iterations, cell)
         for name, rows in (("runs", runs), ("tuning", freshper_tau_sweep.tuning_rows(
-                named, scale.learning_rates, res["tuned"], picked, scale.tuning_seeds, "mean_eval_return", cell)),
+                named, res["tuned"], picked, scale.tuning_seeds, "mean_eval_return", cell)),
                            ("ess_vs_age", freshper_tau_sweep.ess_rows(res["drift"], cell)),
-                           ("sampled_age", freshper_tau_sweep.sampled_age_rows(named, picked, counts, cell)),
+                           ("sampled_age", freshper_tau_sweep.sampled_age_rows(named, picked, totals, cell)),
                            ("score_vs_tau", list(scores[env].values()))):
             t.setdefault(name, []).extend(rows)
     return t, scores

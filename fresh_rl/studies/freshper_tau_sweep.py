@@ -16,6 +16,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from fresh_rl.report import interval, interval_text
+from fresh_rl.results import NamedArrays
 
 CONTROLS = ("onpolicy", "onpolicy_epochs", "uniform", "per_authors")
 NO_REPLAY = ("onpolicy", "onpolicy_epochs")
@@ -34,9 +35,11 @@ def tau_arms(named: Mapping[str, tuple[str, float]]) -> list[str]:
     return [a for a in named if named[a][0] == "freshper_authors"] + ["per_authors"]
 
 
-def picked_rates(scores: np.ndarray, named: Mapping, learning_rates: Sequence[float]) -> dict[str, float]:
-    """Each arm's learning rate with the best tuning score (``scores[arm, lr]``, seed means)."""
-    return {arm: learning_rates[int(np.argmax(scores[a]))] for a, arm in enumerate(named)}
+def picked_rates(tuned: NamedArrays, score_name: str) -> dict[str, float]:
+    """Each arm's learning rate with the best tuning score: ``tuned[score_name]`` over the dims
+    ``arm`` and ``learning_rate`` (seed means)."""
+    rates = tuned.coords["learning_rate"]
+    return {arm: rates[int(np.argmax(tuned.sel(arm=arm)[score_name]))] for arm in tuned.coords["arm"]}
 
 
 def usual_rate(picked: Mapping[str, float], named: Mapping) -> float:
@@ -45,21 +48,22 @@ def usual_rate(picked: Mapping[str, float], named: Mapping) -> float:
     return max(set(rates), key=rates.count)
 
 
-def mean_by_age(x: np.ndarray, axis=(0, 1)) -> np.ndarray:
-    """Mean of drift snapshots ``x`` over ``axis`` (seeds, snapshots), by age; a negative entry is
-    an age the snapshot had not reached (left out; NaN where no snapshot reached it)."""
+def mean_by_age(x: np.ndarray) -> np.ndarray:
+    """Mean of drift snapshots ``x [seed, snapshot, age]`` over seeds and snapshots, by age; a
+    negative entry is an age the snapshot had not reached (left out; NaN where no snapshot reached it)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmean(np.where(x >= 0, x, np.nan), axis=axis)
+        return np.nanmean(np.where(x >= 0, x, np.nan), axis=(0, 1))
 
 
-def tuning_rows(named: Mapping, learning_rates: Sequence[float], scores: np.ndarray, picked: Mapping,
-                tuning_seeds: int, score_name: str, cell: Mapping = {}) -> list[dict]:
-    """``tuning.csv``: the seed-mean tuning score (``scores[arm, lr]``) of every arm and rate, the
-    pick marked."""
+def tuning_rows(named: Mapping, tuned: NamedArrays, picked: Mapping, tuning_seeds: int, score_name: str,
+                cell: Mapping = {}) -> list[dict]:
+    """``tuning.csv``: the seed-mean tuning score ``tuned[score_name]`` (dims ``arm``,
+    ``learning_rate``) of every arm and rate, the pick marked."""
     return [{**cell, "arm": arm, "method": named[arm][0], "tau": named[arm][1], "learning_rate": lr,
-             "tuning_seeds": tuning_seeds, score_name: float(scores[a, li]), "picked": lr == picked[arm]}
-            for a, arm in enumerate(named) for li, lr in enumerate(learning_rates)]
+             "tuning_seeds": tuning_seeds, score_name: float(tuned.sel(arm=arm, learning_rate=lr)[score_name]),
+             "picked": lr == picked[arm]}
+            for arm in named for lr in tuned.coords["learning_rate"]]
 
 
 def ess_rows(drift: Mapping[float, Mapping], cell: Mapping = {}) -> list[dict]:
@@ -72,12 +76,15 @@ def ess_rows(drift: Mapping[float, Mapping], cell: Mapping = {}) -> list[dict]:
             for lr, d in drift.items() for a in range(d["ess_step"].size)]
 
 
-def sampled_age_rows(named: Mapping, picked: Mapping, counts: np.ndarray, cell: Mapping = {}) -> list[dict]:
+def sampled_age_rows(named: Mapping, picked: Mapping, totals: NamedArrays, cell: Mapping = {}) -> list[dict]:
     """``sampled_age.csv``: the fraction of replayed rows per age of every replaying arm
-    (``counts[arm, age]``, summed over the scoring seeds)."""
-    return [{**cell, "arm": arm, "method": named[arm][0], "learning_rate": picked[arm], "age": a,
-             "fraction": float(counts[i, a] / max(counts[i].sum(), 1))}
-            for i, arm in enumerate(named) if named[arm][0] not in NO_REPLAY for a in range(counts.shape[-1])]
+    (``totals["sampled_age_counts"]``: dim ``arm``, then age; summed over the scoring seeds)."""
+    rows = []
+    for arm in (a for a in named if named[a][0] not in NO_REPLAY):
+        counts = totals.sel(arm=arm)["sampled_age_counts"]
+        rows += [{**cell, "arm": arm, "method": named[arm][0], "learning_rate": picked[arm], "age": a,
+                  "fraction": float(counts[a] / max(counts.sum(), 1))} for a in range(counts.size)]
+    return rows
 
 
 def score_rows(named: Mapping, picked: Mapping, runs: Sequence[Mapping], scores: tuple[str, str],

@@ -19,6 +19,7 @@ from fresh_rl.lag import fit_ess_time_constant
 from fresh_rl.presets import Preset
 from fresh_rl.studies import freshper_tau_sweep
 from fresh_rl.report import histogram_mean
+from fresh_rl.results import NamedArrays
 from fresh_rl.sweep import product_grid, run_stage
 from fresh_rl.tabular_bandit.bed import BedConfig, method_hparams, stack_hparams, train
 
@@ -63,16 +64,16 @@ def drift_pilot(scale: Scale, out_dir: Path, seed: int) -> dict:
     rows = [_hparams("onpolicy", math.inf, r["learning_rate"]) for r in grid.rows]
     out, seconds = _run_grid(bed, PILOT_KEEP, grid, rows, out_dir / "runs" / "pilot",
                              f"pilot {bed!r} seeds={n}@{seed} lrs={lrs}", n * len(lrs))
+    runs = NamedArrays.from_grid(out, {"learning_rate": lrs, "seed": range(seed, seed + n)})
     ages = np.arange(bed.buffer_iterations)
-    snapshot_j = out["expected_reward"].reshape(len(lrs), n, -1)[
-        ..., bed.log_every - 1::bed.log_every].mean(1)  # [lrs, snapshots]
     drift = {}
-    for i, lr in enumerate(lrs):
-        learning = snapshot_j[i] < LEARNING_PHASE_REWARD
+    for lr in lrs:
+        at_lr = runs.sel(learning_rate=lr)  # [seed, iteration] and [seed, snapshot, age]
+        snapshot_j = at_lr["expected_reward"][..., bed.log_every - 1::bed.log_every].mean(at_lr.axis("seed"))
+        learning = snapshot_j < LEARNING_PHASE_REWARD
         learning = learning if learning.any() else np.ones_like(learning)
-        curves = {name: freshper_tau_sweep.mean_by_age(
-            out[f"{key}_by_age"].reshape(len(lrs), n, -1, bed.buffer_iterations)[i][:, learning])
-            for name, key in (("ess_trajectory", "ess"), ("ess_step", "ess_step"), ("kl", "kl"))}
+        curves = {name: freshper_tau_sweep.mean_by_age(at_lr[f"{key}_by_age"][:, learning])
+                  for name, key in (("ess_trajectory", "ess"), ("ess_step", "ess_step"), ("kl", "kl"))}
         drift[lr] = {**curves, "tau_trajectory": fit_ess_time_constant(ages, curves["ess_trajectory"]),
                      "tau_step": fit_ess_time_constant(ages, curves["ess_step"]),
                      "learning_snapshots": int(learning.sum()), "snapshots": int(learning.size)}
@@ -80,52 +81,56 @@ def drift_pilot(scale: Scale, out_dir: Path, seed: int) -> dict:
 
 
 def tune(scale: Scale, out_dir: Path, seed: int, log=print) -> dict:
-    """Every arm × learning rate on the tuning seeds: the seed-mean J over the run per arm and rate
-    (``mean_j[arm, lr]``), the picked rate per arm and the stage's wall time."""
+    """Every arm × learning rate on the tuning seeds: ``tuned``, the seed-mean J over the run
+    (``mean_expected_reward``, dims ``arm``, ``learning_rate``), the picked rate per arm and the
+    stage's wall time."""
     bed, lrs, n, named = scale.bed, scale.learning_rates, scale.tuning_seeds, freshper_tau_sweep.arms(scale.taus)
     grid = product_grid(n, seed, arm=list(named), learning_rate=lrs)
     rows = [_hparams(*named[r["arm"]], r["learning_rate"]) for r in grid.rows]
     log(f"tuning: {grid.size} runs ({len(named)} arms x {len(lrs)} lrs x {n} seeds)")
     out, seconds = _run_grid(bed, RUN_KEEP, grid, rows, out_dir / "runs" / "tuning",
                              f"tuning {bed!r} seeds={n}@{seed} lrs={lrs} arms={named}", n * len(lrs))
-    mean_j = out["expected_reward"].mean(-1).reshape(len(named), len(lrs), n).mean(-1)
-    return {"mean_j": mean_j, "picked": freshper_tau_sweep.picked_rates(mean_j, named, lrs), "seconds": seconds}
+    tuned = NamedArrays.from_grid({"mean_expected_reward": out["expected_reward"].mean(-1)},
+                                  {"arm": list(named), "learning_rate": lrs, "seed": range(seed, seed + n)}).mean("seed")
+    return {"tuned": tuned, "picked": freshper_tau_sweep.picked_rates(tuned, "mean_expected_reward"), "seconds": seconds}
 
 
 def score(scale: Scale, picked: dict, out_dir: Path, seed: int, log=print):
     """Every arm at its tuned learning rate on the scoring seeds (disjoint from the tuning ones):
-    the grid, the runs' outputs and the stage's wall time."""
-    bed, n, named = scale.bed, scale.scoring_seeds, freshper_tau_sweep.arms(scale.taus)
-    grid = product_grid(n, seed + scale.tuning_seeds, arm=list(named))
+    the grid, the runs' outputs (dims ``arm``, ``seed``) and the stage's wall time."""
+    bed, n, named, first_seed = scale.bed, scale.scoring_seeds, freshper_tau_sweep.arms(scale.taus), seed + scale.tuning_seeds
+    grid = product_grid(n, first_seed, arm=list(named))
     rows = [_hparams(*named[r["arm"]], picked[r["arm"]]) for r in grid.rows]
     log(f"scoring: {grid.size} runs ({len(named)} arms x {n} seeds) at the tuned rates {picked}")
     out, seconds = _run_grid(bed, RUN_KEEP, grid, rows, out_dir / "runs" / "scoring",
-                             f"scoring {bed!r} seeds={n}@{seed + scale.tuning_seeds} picked={picked}", n)
-    return grid, out, seconds
+                             f"scoring {bed!r} seeds={n}@{first_seed} picked={picked}", n)
+    return grid, NamedArrays.from_grid(out, {"arm": list(named), "seed": range(first_seed, first_seed + n)}), seconds
 
 
-def tables(scale: Scale, pilot: dict, tuning: dict, grid, out: dict) -> tuple[dict[str, list[dict]], dict]:
+def tables(scale: Scale, pilot: dict, tuning: dict, grid, out: NamedArrays) -> tuple[dict[str, list[dict]], dict]:
     """The study's CSV tables (name → rows) and the score table of every arm (arm → row; the
-    ``score_vs_tau.csv`` rows are the arms on the τ axis)."""
+    ``score_vs_tau.csv`` rows are the arms on the τ axis) from the scoring ``grid`` and its
+    outputs ``out`` (:func:`score`)."""
     named, picked = freshper_tau_sweep.arms(scale.taus), tuning["picked"]
-    runs = [{"arm": r["arm"], "method": named[r["arm"]][0], "tau": named[r["arm"]][1],
-             "learning_rate": picked[r["arm"]], "seed": r["seed"],
-             "final_expected_reward": float(out["expected_reward"][i, -1]),
-             "mean_expected_reward": float(out["expected_reward"][i].mean()),
-             "mean_sampled_age": histogram_mean(out["sampled_age_counts"][i]),
-             "extra_update_cosine": float(out["extra_update_cosine"][i].mean()),
-             "num_updates": int(out["num_updates"][i]), "adam_count": int(out["adam_count"][i])}
-            for i, r in enumerate(grid.rows)]
-    counts = out["sampled_age_counts"].reshape(len(named), scale.scoring_seeds, -1).sum(1)  # [arms, H]
+    runs = []
+    for r in grid.rows:
+        run = out.sel(arm=r["arm"], seed=r["seed"])
+        runs.append({"arm": r["arm"], "method": named[r["arm"]][0], "tau": named[r["arm"]][1],
+                     "learning_rate": picked[r["arm"]], "seed": r["seed"],
+                     "final_expected_reward": float(run["expected_reward"][-1]),
+                     "mean_expected_reward": float(run["expected_reward"].mean()),
+                     "mean_sampled_age": histogram_mean(run["sampled_age_counts"]),
+                     "extra_update_cosine": float(run["extra_update_cosine"].mean()),
+                     "num_updates": int(run["num_updates"]), "adam_count": int(run["adam_count"])})
     table = freshper_tau_sweep.score_rows(
         named, picked, runs, ("mean_expected_reward", "final_expected_reward"),
         {arm: float(np.mean([r["mean_sampled_age"] for r in runs if r["arm"] == arm])) for arm in named},
         scale.bed.buffer_iterations)
     return {"runs": runs,
-            "tuning": freshper_tau_sweep.tuning_rows(named, scale.learning_rates, tuning["mean_j"], picked, scale.tuning_seeds,
-                                            "mean_expected_reward"),
+            "tuning": freshper_tau_sweep.tuning_rows(named, tuning["tuned"], picked, scale.tuning_seeds,
+                                                     "mean_expected_reward"),
             "ess_vs_age": freshper_tau_sweep.ess_rows(pilot["by_lr"]),
-            "sampled_age": freshper_tau_sweep.sampled_age_rows(named, picked, counts),
+            "sampled_age": freshper_tau_sweep.sampled_age_rows(named, picked, out.sum("seed")),
             "score_vs_tau": [table[a] for a in freshper_tau_sweep.tau_arms(named)]}, table
 
 
