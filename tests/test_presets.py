@@ -99,7 +99,7 @@ def test_fresh_rl_presets_lists_every_study_and_one_study_s_fields():
     lines = dict(line.split(": ", 1) for line in done.stdout.splitlines())
     scripts = sorted(p.stem for p in (ROOT / "experiments").glob("*.py"))
     assert sorted(lines) == scripts
-    assert lines["vaco_forward_lag"] == "ci, cpu"
+    assert lines["vaco_forward_lag"] == "ci, cpu, minatar"
     assert lines["old_logits"] == ", ".join(OLD_LOGITS_SCALES)
     assert lines["vaco_lag_sweep"] == ", ".join(VACO_SCALES)
     one = _fresh_rl("presets", "vaco_forward_lag")
