@@ -132,7 +132,13 @@ def _scripts_with_presets() -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("script", _scripts_with_presets())
+FAST_LANE_SCRIPTS = ("freshper_llm", "llm_warm_start", "quickstart")
+"""The default suite's cases (~3 s each): a script without a ``ci`` preset, one whose presets are of
+two kinds and one whose preset names the parts' presets; the slow lane runs every script."""
+
+
+@pytest.mark.parametrize("script", [s if s in FAST_LANE_SCRIPTS else pytest.param(s, marks=pytest.mark.slow)
+                                    for s in _scripts_with_presets()])
 def test_every_study_script_takes_set_and_names_an_unknown_field(script, tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "experiments" / f"{script}.py"), "--set", "no_such_field=1",
                            "--out", str(tmp_path / "out")], capture_output=True, text=True)
