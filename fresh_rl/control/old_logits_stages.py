@@ -3,8 +3,8 @@ its settings, scales and grids are :mod:`fresh_rl.control.old_logits_study`).
 
 :func:`run_cell` runs every route of one (task, W) grid as one vmapped program, chunks saved as
 they finish; :func:`measure_costs` times every route's program; :func:`tables` turns the results
-``{(task, W, route): arrays [thresholds, lrs, seeds, …]}`` into the study's CSV tables, with the
-route claims decided per cell (:func:`fresh_rl.eval.route_claims.decide_route_claims`,
+``{(task, W, route): NamedArrays [threshold, learning_rate, seed, …]}`` into the study's CSV
+tables, with the route claims decided per cell (:func:`fresh_rl.eval.route_claims.decide_route_claims`,
 Holm-corrected over the cells); :func:`figures` draws ``mechanism.png`` and ``reset.png`` from them.
 """
 from __future__ import annotations
@@ -18,15 +18,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fresh_rl.control.freshper_study import scores
 from fresh_rl.control.hyperparams import HyperParams
 from fresh_rl.control.old_logits_study import (CLAIMS, EWMA_ROUTES, MAIN_THRESHOLD, ROUTES, Scale, base_route, cell,
-                                               reference_rule, route_config, route_index, route_thresholds,
-                                               task_text)
+                                               reference_rule, route_config, route_coords, route_index, task_text)
 from fresh_rl.control.train import train
 from fresh_rl.corrections.routes import get_route
 from fresh_rl.eval import holm_over_cells, seed_interval
 from fresh_rl.eval.route_claims import decide_route_claims
 from fresh_rl.report import grouped, save_panel_grid
+from fresh_rl.results import NamedArrays
 from fresh_rl.sweep import RunCheckpointer, run_sharded
 from fresh_rl.sweep.keys import seed_keys
 from fresh_rl.validation import checked_result, checkify_if_checked
@@ -45,9 +46,11 @@ def _train_kept(config, key, hp):
 
 def run_cell(scale: Scale, task, window: int, out_dir: Path, seed: int, log=print,
              slow_reference: bool = False) -> dict:
-    """Every route of one (task, W) from one compiled program: ``{route: arrays [thresholds, lrs,
-    seeds, …]}``, chunks of seeds × lrs saved as they finish (:func:`fresh_rl.control.old_logits_study.cell`
-    names their folder). ``slow_reference``: only the EWMA routes, with β from ``SLOW_REFERENCE_RULE``."""
+    """Every route of one (task, W) from one compiled program: ``{route: NamedArrays [threshold,
+    learning_rate, seed, …]}`` (:func:`fresh_rl.control.old_logits_study.route_coords`: the route's rows
+    of the cell, threshold slowest, seed fastest, the order ``NamedArrays.from_grid`` reads), chunks of
+    seeds × lrs saved as they finish (:func:`fresh_rl.control.old_logits_study.cell` names their folder).
+    ``slow_reference``: only the EWMA routes, with β from ``SLOW_REFERENCE_RULE``."""
     c = cell(scale, task, window, out_dir, seed, slow_reference)
     timing = c.folder.with_name(c.folder.name + ".seconds")
     started = time.perf_counter()
@@ -58,21 +61,9 @@ def run_cell(scale: Scale, task, window: int, out_dir: Path, seed: int, log=prin
         timing.write_text(f"{time.perf_counter() - started:.1f}\n")
     log(f"{task.env_name} W={window}{'-slowref' if slow_reference else ''}: {len(c.rows)} runs, "
         f"{float(timing.read_text()):.0f} s")
-    out = {k: np.asarray(v) for k, v in out.items()}
-    cells, start = {}, 0
-    for route in c.routes:
-        shape = (len(route_thresholds(scale, route)), len(scale.learning_rates), scale.num_seeds)
-        size = int(np.prod(shape))
-        cells[route] = {k: v[start:start + size].reshape(*shape, *v.shape[1:]) for k, v in out.items()}
-        start += size
-    return cells
-
-
-def scores(data: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Final learner score (the last evaluation's deterministic return) and the mean over every
-    evaluation of the run, shaped like the leading axes of ``data``."""
-    ret, valid = data["eval/return_deterministic"], data["eval/valid"].astype(bool)
-    return ret[..., -1], np.where(valid, ret, 0).sum(-1) / np.maximum(valid.sum(-1), 1)
+    row_routes = np.asarray([r["route"] for r in c.rows])
+    return {route: NamedArrays.from_grid({k: np.asarray(v)[row_routes == route] for k, v in out.items()},
+                                         route_coords(scale, route, seed)) for route in c.routes}
 
 
 def measure_costs(scale: Scale, out_dir: Path, seed: int, log=print) -> list[dict]:
@@ -120,44 +111,55 @@ def _interval_fields(prefix: str, values) -> dict:
     return {prefix: mean, f"{prefix}_low": low, f"{prefix}_high": high}
 
 
+def _reset_label(route: str, threshold: float):
+    """The ``threshold`` column of the reset tables: the threshold of ``ewma``, ``"none"`` for
+    ``ewma_no_reset`` (its runs carry the main threshold, which it never reads)."""
+    return threshold if base_route(route) == "ewma" else "none"
+
+
 def tables(scale: Scale, results: dict) -> dict[str, list[dict]]:
-    """The study's tables from ``results[(task, W, route)]``: ``runs`` (one row per run),
-    ``summary`` (per task, W, route, threshold, lr: scores with 95% Student-t intervals over seeds
-    and the run means of the measures), ``active_fraction`` (ρ_active per iteration, first lr, main
-    threshold), ``reset`` (the EWMA routes per threshold), ``reset_over_time``
-    (:func:`reset_curves`) and ``verdicts`` (:func:`verdicts`)."""
+    """The study's tables from ``results[(task, W, route)]`` (:func:`run_cell`'s NamedArrays):
+    ``runs`` (one row per run), ``summary`` (per task, W, route, threshold, lr: scores with 95%
+    Student-t intervals over seeds and the run means of the measures), ``active_fraction``
+    (ρ_active per iteration, first lr, main threshold), ``reset`` (the EWMA routes per threshold),
+    ``reset_over_time`` (:func:`reset_curves`) and ``verdicts`` (:func:`verdicts`)."""
     t = {name: [] for name in ("runs", "summary", "active_fraction", "reset")}
     for (env, window, route), data in results.items():
-        final, mean = scores(data)
-        for i, threshold in enumerate(route_thresholds(scale, route)):
-            for l, lr in enumerate(scale.learning_rates):
-                d = {k: v[i, l] for k, v in data.items()}
-                active = d["loss/active_token_fraction"]
-                t["runs"] += [{"task": env, "window": window, "route": route, "threshold": threshold,
-                               "learning_rate": lr, "seed": s, "final": float(final[i, l, s]),
-                               "mean": float(mean[i, l, s]), "active_fraction": float(active[s].mean()),
-                               "resets": int(d["old_logits/reset"][s].sum())} for s in range(scale.num_seeds)]
+        score = scores(data)
+        for threshold in data.coords["threshold"]:
+            for lr in data.coords["learning_rate"]:
+                point = {"threshold": threshold, "learning_rate": lr}
+                runs, runs_score = data.sel(**point), score.sel(**point)
+                active_curve = runs.mean("seed")["loss/active_token_fraction"]  # [iteration]
+                for s in runs.coords["seed"]:
+                    run, run_score = runs.sel(seed=s), runs_score.sel(seed=s)
+                    t["runs"].append({"task": env, "window": window, "route": route, "threshold": threshold,
+                                      "learning_rate": lr, "seed": s, "final": float(run_score["final"]),
+                                      "mean": float(run_score["mean"]),
+                                      "active_fraction": float(run["loss/active_token_fraction"].mean()),
+                                      "resets": int(run["old_logits/reset"].sum())})
                 row = {"task": env, "window": window, "route": route, "threshold": threshold, "learning_rate": lr,
-                       **_interval_fields("final", final[i, l]), **_interval_fields("mean", mean[i, l]),
-                       "active_fraction": float(active.mean()),
-                       "log_rd_abs_route": float(d["loss/log_rd_abs"].mean()),
-                       "log_rd_abs_engine": float(d["old_logits/log_rd_abs_true"].mean()),
-                       "staleness_log_ratio_abs": float(d["old_logits/staleness_log_ratio_abs"].mean()),
-                       "clip_fraction": float(d["loss/clip_fraction"].mean()),
-                       "version_gap_mean": float(d["lag/version_gap_mean"].mean()),
-                       "resets_per_run": float(d["old_logits/reset"].sum(-1).mean())}
+                       **_interval_fields("final", runs_score["final"]),
+                       **_interval_fields("mean", runs_score["mean"]),
+                       "active_fraction": float(runs["loss/active_token_fraction"].mean()),
+                       "log_rd_abs_route": float(runs["loss/log_rd_abs"].mean()),
+                       "log_rd_abs_engine": float(runs["old_logits/log_rd_abs_true"].mean()),
+                       "staleness_log_ratio_abs": float(runs["old_logits/staleness_log_ratio_abs"].mean()),
+                       "clip_fraction": float(runs["loss/clip_fraction"].mean()),
+                       "version_gap_mean": float(runs["lag/version_gap_mean"].mean()),
+                       "resets_per_run": float(runs["old_logits/reset"].sum(-1).mean())}
                 t["summary"].append(row)
-                if l == 0 and (route != "ewma" or threshold == MAIN_THRESHOLD):
+                if lr == scale.learning_rates[0] and (route != "ewma" or threshold == MAIN_THRESHOLD):
                     t["active_fraction"] += [{"task": env, "window": window, "route": route, "iteration": k,
-                                              "active_fraction": float(a)} for k, a in enumerate(active.mean(0))]
+                                              "active_fraction": float(a)} for k, a in enumerate(active_curve)]
                 if base_route(route) in EWMA_ROUTES:
                     t["reset"].append({"task": env, "window": window, "ewma_beta_rule": reference_rule(route),
-                                       "threshold": threshold if base_route(route) == "ewma" else "none",
+                                       "threshold": _reset_label(route, threshold),
                                        "learning_rate": lr, "resets_per_run": row["resets_per_run"],
                                        "active_fraction": row["active_fraction"],
-                                       "active_fraction_min": float(active.mean(0).min()),
+                                       "active_fraction_min": float(active_curve.min()),
                                        "final": row["final"], "mean": row["mean"]})
-    return {**t, "reset_over_time": reset_curves(scale, results), "verdicts": verdicts(scale, results)}
+    return {**t, "reset_over_time": reset_curves(results), "verdicts": verdicts(scale, results)}
 
 
 def verdicts(scale: Scale, results: dict) -> list[dict]:
@@ -167,37 +169,37 @@ def verdicts(scale: Scale, results: dict) -> list[dict]:
     rows = []
     for env in [t.env_name for t in scale.tasks]:
         for window in scale.windows:
-            for l, lr in enumerate(scale.learning_rates):
-                def get(route):
-                    t = route_thresholds(scale, route).index(MAIN_THRESHOLD)
-                    return {k: v[t, l] for k, v in results[(env, window, route)].items()}
+            for lr in scale.learning_rates:
+                def runs_of(route):  # [seed, …]
+                    return results[(env, window, route)].sel(threshold=MAIN_THRESHOLD, learning_rate=lr)
 
                 def metric_of(route, metric):  # None: a stage this scale does not run
                     if (env, window, route) not in results:
                         return None
-                    data = get(route)
-                    return scores(data)[1] if metric == "return" else data["loss/active_token_fraction"].mean(-1)
-                collapse = 1.0 - float(get("recompute_current")["loss/active_token_fraction"].mean())
+                    runs = runs_of(route)
+                    return scores(runs)["mean"] if metric == "return" else runs["loss/active_token_fraction"].mean(-1)
+                collapse = 1.0 - float(runs_of("recompute_current")["loss/active_token_fraction"].mean())
                 base = {"task": env, "window": window, "learning_rate": lr,
                         "recompute_current_masked_fraction": collapse}
                 rows += [{**base, **row} for row in decide_route_claims(metric_of, collapse, CLAIMS)]
     return holm_over_cells(rows)
 
 
-def reset_curves(scale: Scale, results: dict) -> list[dict]:
+def reset_curves(results: dict) -> list[dict]:
     """Seed means per iteration of the ``ewma`` route at every reset threshold, beside
-    ``ewma_no_reset``: ρ_active and the cumulative reset count (the reset over time)."""
+    ``ewma_no_reset``, from ``results`` as in :func:`tables`: ρ_active and the cumulative reset
+    count (the reset over time)."""
     rows = []
     for (env, window, route), data in results.items():
         if base_route(route) not in EWMA_ROUTES:
             continue
-        for t, threshold in enumerate(route_thresholds(scale, route)):
-            for l, lr in enumerate(scale.learning_rates):
-                active = data["loss/active_token_fraction"][t, l].mean(0)
-                resets = np.cumsum(data["old_logits/reset"][t, l], axis=-1).mean(0)
-                label = threshold if base_route(route) == "ewma" else "none"
+        for threshold in data.coords["threshold"]:
+            for lr in data.coords["learning_rate"]:
+                runs = data.sel(threshold=threshold, learning_rate=lr)
+                active = runs.mean("seed")["loss/active_token_fraction"]
+                resets = np.cumsum(runs["old_logits/reset"], axis=-1).mean(runs.axis("seed"))
                 rows += [{"task": env, "window": window, "ewma_beta_rule": reference_rule(route),
-                          "learning_rate": lr, "threshold": label,
+                          "learning_rate": lr, "threshold": _reset_label(route, threshold),
                           "iteration": i, "active_fraction": float(a), "cumulative_resets": float(c)}
                          for i, (a, c) in enumerate(zip(active, resets))]
     return rows
@@ -245,4 +247,4 @@ def figures(scale: Scale, t: dict, out_dir: Path) -> None:
                                             for key in ("active_fraction", "cumulative_resets")], envs, reset)
 
 
-__all__ = ["KEEP", "MECHANISM", "figures", "measure_costs", "reset_curves", "run_cell", "scores", "tables", "verdicts"]
+__all__ = ["KEEP", "MECHANISM", "figures", "measure_costs", "reset_curves", "run_cell", "tables", "verdicts"]

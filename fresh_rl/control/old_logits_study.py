@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 from pathlib import Path
 
 from fresh_rl.control.config import DEFAULT_MIS, TrainConfig
@@ -165,12 +166,22 @@ def route_thresholds(scale: Scale, route: str) -> tuple[float, ...]:
     return scale.thresholds if base_route(route) == "ewma" else (MAIN_THRESHOLD,)
 
 
+def route_coords(scale: Scale, route: str, seed: int) -> dict[str, tuple]:
+    """The dims of one route's block of a (task, W) grid with their coordinates, in row order (the
+    first slowest, the last fastest): ``threshold`` (:func:`route_thresholds`, the ``ewma_reset_threshold``
+    the runs are given), ``learning_rate`` and ``seed`` (the seed numbers)."""
+    return {"threshold": route_thresholds(scale, route), "learning_rate": scale.learning_rates,
+            "seed": tuple(range(seed, seed + scale.num_seeds))}
+
+
 def cell_rows(scale: Scale, seed: int, routes=ROUTES) -> list[dict]:
-    """The grid of one (task, W): every route × lr × seed, the ``ewma`` route also × every
-    reset threshold (route slowest, seed fastest)."""
-    return [{"route": route, "threshold": threshold, "learning_rate": lr, "seed": s}
-            for route in routes for threshold in route_thresholds(scale, route)
-            for lr in scale.learning_rates for s in range(seed, seed + scale.num_seeds)]
+    """The grid of one (task, W): each route's block in turn (route slowest), the block the
+    product of its :func:`route_coords` in their order (threshold × lr × seed, seed fastest)."""
+    rows = []
+    for route in routes:
+        coords = route_coords(scale, route, seed)
+        rows += [{"route": route, **dict(zip(coords, point))} for point in itertools.product(*coords.values())]
+    return rows
 
 
 @dataclasses.dataclass(frozen=True)
