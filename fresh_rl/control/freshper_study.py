@@ -27,7 +27,7 @@ from fresh_rl.control.config import TrainConfig
 from fresh_rl.control.data_sources import ReplaySettings
 from fresh_rl.control.hyperparams import replay_grid
 from fresh_rl.control.train import train
-from fresh_rl.eval import holm_over_cells, paired_claim, seed_interval
+from fresh_rl.eval import holm_over_cells, learner_scores, paired_claim, seed_interval
 from fresh_rl.lag import fit_ess_time_constant
 from fresh_rl.presets import Preset, named
 from fresh_rl.replay.methods import REPLAY_METHODS, replay_hparams
@@ -253,14 +253,6 @@ def plot_drift_fit(ax, buffer: int, drift: dict) -> None:
     ax.set(xlabel="age (iterations)", ylabel="per-step ESS/n (on-policy pilot)")
 
 
-def scores(data: NamedArrays) -> NamedArrays:
-    """Each run's ``final`` learner score (the last evaluation's deterministic return) and
-    ``mean`` over every evaluation of the run (learning speed), over the stage's dims."""
-    ret, valid = data["eval/return_deterministic"], data["eval/valid"].astype(bool)
-    return NamedArrays(data.dims, data.coords, {"final": ret[..., -1],
-                                                "mean": np.where(valid, ret, 0).sum(-1) / np.maximum(valid.sum(-1), 1)})
-
-
 def _interval_columns(values, prefix: str) -> dict:
     m = seed_interval(values)
     return {prefix: float(m[0]), f"{prefix}_low": float(m[1]), f"{prefix}_high": float(m[2])}
@@ -280,7 +272,7 @@ def tables(scale: Scale, tasks: dict, claims) -> dict[str, list[dict]]:
                                "is_normalization", "drift_by_method", "short_tau", "short_tau_runs")}
     for env, task in tasks.items():
         drift, grid, data = task["drift"], task["study"]["grid"], task["study"]["data"]
-        score, seed_totals = scores(data), data.sum("seed")
+        score, seed_totals = learner_scores(data), data.sum("seed")
         ages = np.arange(task["config"].replay.buffer_iterations)
         for r, hp in zip(grid.rows, task["study"]["rows"]):
             point = {"variant": names[r["variant"]], "learning_rate": r["learning_rate"], "seed": r["seed"]}
@@ -314,7 +306,7 @@ def tables(scale: Scale, tasks: dict, claims) -> dict[str, list[dict]]:
             t["verdicts"] += [{"task": env, "learning_rate": lr, "claim": text, "score": metric,
                                **paired_claim(at_lr.sel(variant=a)[metric], at_lr.sel(variant=b)[metric], positive)}
                               for text, a, b, positive in claims for metric in ("final", "mean")]
-        batch_scores = scores(task["batch_is"]["data"])
+        batch_scores = learner_scores(task["batch_is"]["data"])
         for method in BATCH_NORMALIZED:
             for lr in lrs:
                 per_batch, buffer_wide = (x.sel(variant=method, learning_rate=lr) for x in (batch_scores, score))
@@ -326,7 +318,7 @@ def tables(scale: Scale, tasks: dict, claims) -> dict[str, list[dict]]:
                 t["is_normalization"].append(row)
     for env, task in tasks.items():
         drift, short = task["drift"], task["short_tau"]
-        base, short_score = scores(task["study"]["data"]), scores(short["data"])
+        base, short_score = learner_scores(task["study"]["data"]), learner_scores(short["data"])
         ages = np.arange(task["config"].replay.buffer_iterations)
         for tau in SHORT_TAUS:
             for lr in lrs:
@@ -346,7 +338,7 @@ def tables(scale: Scale, tasks: dict, claims) -> dict[str, list[dict]]:
                                          "final_return": float(cell.sel(seed=s)["final"]),
                                          "mean_eval_return": float(cell.sel(seed=s)["mean"])} for s in cell.coords["seed"]]
     for env, task in tasks.items():
-        short_score = scores(task["short_tau"]["data"])
+        short_score = learner_scores(task["short_tau"]["data"])
         t["score_vs_tau"] += [_tau_row(env, lr, task["drift"][lr]["tau_fit"], tau, "short_tau",
                                        short_score.sel(tau=tau, learning_rate=lr)) for lr in lrs for tau in SHORT_TAUS]
     t["verdicts"] = holm_over_cells(t["verdicts"], family=("claim", "score"))

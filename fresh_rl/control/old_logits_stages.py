@@ -18,13 +18,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fresh_rl.control.freshper_study import scores
 from fresh_rl.control.hyperparams import HyperParams
 from fresh_rl.control.old_logits_study import (CLAIMS, EWMA_ROUTES, MAIN_THRESHOLD, ROUTES, Scale, base_route, cell,
                                                reference_rule, route_config, route_coords, route_index, task_text)
 from fresh_rl.control.train import train
 from fresh_rl.corrections.routes import get_route
-from fresh_rl.eval import holm_over_cells, seed_interval
+from fresh_rl.eval import holm_over_cells, learner_scores, seed_interval
 from fresh_rl.eval.route_claims import decide_route_claims
 from fresh_rl.report import grouped, save_panel_grid
 from fresh_rl.results import NamedArrays
@@ -125,7 +124,7 @@ def tables(scale: Scale, results: dict) -> dict[str, list[dict]]:
     ``reset_over_time`` (:func:`reset_curves`) and ``verdicts`` (:func:`verdicts`)."""
     t = {name: [] for name in ("runs", "summary", "active_fraction", "reset")}
     for (env, window, route), data in results.items():
-        score = scores(data)
+        score = learner_scores(data)
         for threshold in data.coords["threshold"]:
             for lr in data.coords["learning_rate"]:
                 point = {"threshold": threshold, "learning_rate": lr}
@@ -177,7 +176,7 @@ def verdicts(scale: Scale, results: dict) -> list[dict]:
                     if (env, window, route) not in results:
                         return None
                     runs = runs_of(route)
-                    return scores(runs)["mean"] if metric == "return" else runs["loss/active_token_fraction"].mean(-1)
+                    return learner_scores(runs)["mean"] if metric == "return" else runs["loss/active_token_fraction"].mean(-1)
                 collapse = 1.0 - float(runs_of("recompute_current")["loss/active_token_fraction"].mean())
                 base = {"task": env, "window": window, "learning_rate": lr,
                         "recompute_current_masked_fraction": collapse}

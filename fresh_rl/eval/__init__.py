@@ -9,7 +9,7 @@ from fresh_rl.eval.aggregates import (
     probability_of_improvement,
 )
 from fresh_rl.eval.scores import (eval_area_under_curve, eval_final_score, eval_first_score, eval_initial_score,
-                                  eval_mean_score, final_score, initial_score)
+                                  eval_mean_score, final_score, initial_score, learner_scores)
 from fresh_rl.eval.statistics import (VERDICTS, holm, holm_over_cells, paired_claim, pooled_claim, pooled_interval,
                                       seed_interval, verdict)
 
@@ -27,6 +27,7 @@ __all__ = [
     "holm_over_cells",
     "improvement_intervals",
     "initial_score",
+    "learner_scores",
     "iqm",
     "normalize_scores",
     "optimality_gap",

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from fresh_rl.results import NamedArrays
+
 
 def final_score(returns: np.ndarray) -> np.ndarray:
     """Mean over the last 10% of iterations (at least one); NaN for a diverged run."""
@@ -61,6 +63,15 @@ def eval_mean_score(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """Mean over all of a run's evaluation points, per run ``[...]``: how fast the learner
     learns (steadier than a final score when final returns are bimodal, as on CartPole)."""
     return _eval_rows(values, valid, lambda _, y: y.mean())
+
+
+def learner_scores(runs: NamedArrays) -> NamedArrays:
+    """Per run (over ``runs``' dims) the ``final`` learner score, the last point of
+    ``eval/return_deterministic``, and its ``mean`` over the run's ``eval/valid`` points (learning
+    speed; 0 for a run without one)."""
+    ret, valid = runs["eval/return_deterministic"], runs["eval/valid"].astype(bool)
+    return NamedArrays(runs.dims, runs.coords, {"final": ret[..., -1],
+                                                "mean": np.where(valid, ret, 0).sum(-1) / np.maximum(valid.sum(-1), 1)})
 
 
 def eval_area_under_curve(values: np.ndarray, valid: np.ndarray) -> np.ndarray:
