@@ -54,8 +54,7 @@ from fresh_rl.control.evaluation import evaluate_learner, evaluation_key
 from fresh_rl.control.hyperparams import HyperParams
 from fresh_rl.control.losses import frozen_advantages, make_loss_fn, replayed_advantages, sequences
 from fresh_rl.control.old_log_probs import ControlRouteSources, select_route, splits_clip, uses_ewma, uses_proxies
-from fresh_rl.corrections import (EWMAReference, adaptive_kl_coefficient, ewma_update, init_ewma_reference,
-                                  log_ratio_of, tv_estimate)
+from fresh_rl.corrections import EWMAReference, adaptive_kl_coefficient, ewma_update, init_ewma_reference, tv_estimate
 from fresh_rl.lag import lag_metrics, version_ring
 from fresh_rl.replay import ReplayState, magnitude_priority, make_trajectory_buffer
 from fresh_rl.replay import methods as replay_methods
@@ -272,8 +271,7 @@ def update(config: TrainConfig, state: TrainState, batch: Batch, key, hparams: H
     if config.data_source_spec.buffered:
         state, extra = _replay_updates(config, state, hparams, loss_fn_for, rows, fresh_rows, adv, route.ewma, key)
         updates = updates + extra
-    metrics["lag/forward_tv"] = tv_estimate(log_ratio_of(log_probs(config, state.params, batch.obs, batch.action),
-                                                         logp_T))
+    metrics["lag/forward_tv"] = tv_estimate(log_probs(config, state.params, batch.obs, batch.action) - logp_T)
     kl_coef = state.kl_coef
     if config.kl_adaptive is not None and "kl_penalty" in step_metrics:
         kl_coef = adaptive_kl_coefficient(kl_coef, jnp.mean(step_metrics["kl_penalty"][-1]), config.kl_adaptive)

@@ -42,14 +42,6 @@ def fraction(flags: chex.Array, mask: chex.Array) -> chex.Array:
     return masked_mean(flags.astype(jnp.float32), mask)
 
 
-def log_ratio_of(log_p: chex.Array, log_q: chex.Array) -> chex.Array:
-    """``log p − log q``, and 0 where both are −∞: an action impossible under both policies (a
-    collapsed Gaussian's density underflows) adds |p − q| = 0 to a total variation, so its 0/0
-    ratio counts as 1 rather than NaN. Elsewhere the plain difference (±∞ where only one is 0)."""
-    log_p, log_q = jnp.asarray(log_p), jnp.asarray(log_q)
-    return jnp.where(jnp.isneginf(log_p) & jnp.isneginf(log_q), 0.0, log_p - log_q)
-
-
 def tv_estimate(log_ratio: chex.Array, mask: Optional[chex.Array] = None) -> chex.Array:
     """Monte-Carlo total-variation estimate ``D̂ = ½ · mean_i |r_i − 1|``, ``r = exp(log_ratio)``.
 
