@@ -23,6 +23,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fresh_rl.control import TrainConfig, VecEnv, evaluate, evaluation_key, networks, train
+from fresh_rl.control.evaluation import evaluation_metrics
 from fresh_rl.control.env_types import RunningStats
 from fresh_rl.control.acting import log_probs
 from fresh_rl.corrections import tv_estimate
@@ -114,6 +115,16 @@ def _numpy_mlp(params, x, name):
     p = params["params"]
     h = np.tanh(x @ np.asarray(p[f"{name}_hidden_0"]["kernel"], np.float64) + np.asarray(p[f"{name}_hidden_0"]["bias"]))
     return h @ np.asarray(p[f"{name}_out"]["kernel"], np.float64) + np.asarray(p[f"{name}_out"]["bias"])
+
+
+def test_a_diverged_learner_scores_nan_not_the_return_of_its_nan_actions(run):
+    key = evaluation_key(step_key(split_run_key(SEED)[1], 0))
+    stats = run.state.env_state.obs_stats
+    metrics = jax.jit(evaluation_metrics, static_argnums=0)
+    finite = metrics(CONFIG, run.params, stats, key)
+    assert all(np.isfinite(float(v)) for v in finite.values())
+    one_nan = jax.tree.map(lambda x: x.at[(0,) * x.ndim].set(jnp.nan) if x.size else x, run.params)
+    assert all(np.isnan(float(v)) for v in metrics(CONFIG, one_nan, stats, key).values())
 
 
 def test_evaluate_matches_numpy_pendulum_with_frozen_normalisation(evaluate_jit):

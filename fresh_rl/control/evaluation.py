@@ -97,10 +97,14 @@ def evaluate(config: TrainConfig, params: Any, obs_stats: Optional[RunningStats]
 def evaluation_metrics(config: TrainConfig, params: Any, obs_stats: Optional[RunningStats],
                        key: chex.PRNGKey) -> dict[str, jax.Array]:
     """``return_deterministic`` and ``return_stochastic``: means over ``config.eval_episodes``
-    returns of :func:`evaluate`, both with ``key`` (one loop, vmapped over the mode)."""
+    returns of :func:`evaluate`, both with ``key`` (one loop, vmapped over the mode); NaN when
+    ``params`` hold a non-finite value. A diverged policy acts NaN, and an env may score that
+    well: Brax inverted_pendulum's termination test is false for a NaN state, so a NaN policy
+    "balances" for the whole episode (return 1000); NaN keeps a divergence visible to scores."""
     returns = jax.vmap(lambda det: evaluate(config, params, obs_stats, key, config.eval_episodes, det))(
         jnp.array([True, False]))
-    means = jnp.mean(returns, axis=-1)
+    finite = jnp.all(jnp.asarray([jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(params)]))
+    means = jnp.where(finite, jnp.mean(returns, axis=-1), jnp.nan)
     return {"return_deterministic": means[0], "return_stochastic": means[1]}
 
 
