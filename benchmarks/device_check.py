@@ -77,7 +77,7 @@ import numpy as np
 
 from fresh_rl.compilation_cache import CompileMeter, enable_compilation_cache, with_fast_compile_flags
 from fresh_rl.provenance import (DirtyCheckoutError, git_commit, machine_description, provenance, provenance_line,
-                                 require_clean, write_atomic)
+                                 read_csv, require_clean, write_atomic)
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "bench"
@@ -450,11 +450,8 @@ def stage_control(sizes: Sizes, budget_left: float, log) -> dict:
 
 def llm_scale_estimates() -> dict:
     """Program → XLA's CPU estimate of its peak GB (``results/bench/llm_scale.csv``, label after, 1 device)."""
-    import csv
-
-    with open(RESULTS / "llm_scale.csv", newline="") as f:
-        return {row["program"]: float(row["peak_gb"]) for row in csv.DictReader(f)
-                if row["label"] == "after" and row["devices"] == "1"}
+    return {row["program"]: float(row["peak_gb"]) for row in read_csv(RESULTS / "llm_scale.csv")
+            if row["label"] == "after" and row["devices"] == "1"}
 
 
 def stage_llm(sizes: Sizes, budget_left: float, log) -> dict:

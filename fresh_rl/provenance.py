@@ -103,10 +103,7 @@ def measure_at_revision(script, revision: str, args: Sequence[str] = ()) -> tupl
 def replace_label_rows(path, label: str, rows: Sequence[Mapping]) -> list[dict]:
     """The CSV at ``path`` (if any) with its rows of ``label`` replaced by ``rows``, written back
     (:func:`write_csv`) and returned: how a before/after benchmark reruns one label."""
-    kept = []
-    if Path(path).exists():
-        with open(path, newline="") as f:
-            kept = [r for r in csv.DictReader(f) if r["label"] != label]
+    kept = [r for r in read_csv(path, missing_ok=True) if r["label"] != label]
     rows = kept + [dict(r) for r in rows]
     write_csv(path, rows)
     return rows
