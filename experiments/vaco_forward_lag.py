@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from fresh_rl.control.config import TrainConfig
-from fresh_rl.control.forward_lag_study import KNOBS, MEASURED, MIXTURE, Scale, score, task_folder, tune
+from fresh_rl.control.forward_lag_study import KNOBS, MEASURED, MIXTURE, Scale, diverged_text, score, task_folder, tune
 from fresh_rl.presets import named
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, write_atomic, write_csv
 from fresh_rl.report import (grouped, interval, interval_text, markdown_table, plot_interval_curves, save_panels,
@@ -91,7 +91,7 @@ def readme_lines(scale: Scale, t: dict, picks: dict, seconds: dict, seed: int) -
     for key, rows in grouped(runs, ("task", "method", "knob", "backward", "updates")).items():
         mean = {c: f"{np.nanmean([r[c] for r in rows]):.3f}" for c in MEASURED}
         cells.append([*key[:2], f"{key[2]:g}", f"{rows[0]['learning_rate']:g}", *key[3:], rows[0]["versions"],
-                      interval_text(*interval([r["mean_return"] for r in rows])), *mean.values()])
+                      interval_text(*interval([r["mean_return"] for r in rows])) + diverged_text(rows), *mean.values()])
     return [
         "", "## Sizing (wall seconds of the invocations that finished each stage, 2-core CPU)", "",
         *markdown_table(("task", "programs", "runs", "env steps", "wall (s)"), (

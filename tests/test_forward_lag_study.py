@@ -92,3 +92,22 @@ def test_a_brax_task_s_stage_folders_stay_under_runs():
     assert study.task_folder("brax/inverted_pendulum-ppo_clip-M=16-tuning") == "brax_inverted_pendulum-ppo_clip-M=16-tuning"
     assert study.task_folder("CartPole-v1") == "CartPole-v1"
     assert dataclasses.replace(SCALE, lags=(0, 2, 8)).middle == (2, 16)
+
+
+def test_a_diverged_run_scores_its_first_evaluation_from_the_divergence_on():
+    """The declared rule: evaluations before the divergence count, later ones score the run's first
+    evaluation; measured lags average the iterations before it; finite runs are the plain mean."""
+    ret = np.array([[10.0, 50.0, 90.0, 130.0], [20.0, 60.0, 1000.0, 1000.0], [np.nan] * 4])
+    out = {"eval/return_deterministic": ret, "eval/valid": np.ones((3, 4), bool),
+           "lag/tv": np.array([[0.1] * 4, [0.2, 0.4, np.nan, np.nan], [np.nan] * 4]),
+           "loss/clip_fraction": np.array([[0.1] * 4, [0.3, np.inf, 0.5, 0.5], [0.0] * 4])}
+    finite, diverged, at_start = study.run_summaries(out)
+    assert finite["mean_return"] == pytest.approx(70.0) and finite["final_return"] == 130.0
+    assert finite["diverged_at"] == -1 and finite["backward_tv"] == pytest.approx(0.1)
+    # ±inf in a loss marks iteration 1 (before lag/tv's NaN at 2): 20 counts, then 20 (its first)
+    assert diverged["diverged_at"] == 1 and diverged["mean_return"] == pytest.approx(20.0)
+    assert diverged["final_return"] == 20.0 and diverged["backward_tv"] == pytest.approx(0.2)
+    assert diverged["clip_fraction"] == pytest.approx(0.3)
+    # diverged before its first evaluation: the stage's mean first evaluation, no measured lag
+    assert at_start["diverged_at"] == 0 and at_start["mean_return"] == pytest.approx(15.0)
+    assert np.isnan(at_start["backward_tv"]) and np.isnan(at_start["forward_tv"])

@@ -17,7 +17,7 @@ import pytest
 from fresh_rl.cli import main
 from fresh_rl.control import HyperParams, TrainConfig, init_state, train_iteration
 from fresh_rl.sweep import (CheckpointError, FolderLockedError, NonFiniteError, RunCheckpointer, nonfinite_cells,
-                            output_lock, run_loop, seed_keys, split_run_key, tree_checksum)
+                            output_lock, run_loop, run_stage, seed_keys, split_run_key, tree_checksum)
 from fresh_rl.sweep.integrity import first_nonfinite_leaf, first_nonfinite_metric, tree_is_finite
 from fresh_rl.sweep.lock import LOCK_NAME
 
@@ -129,6 +129,25 @@ def test_checkpoint_refuses_nan_and_detects_a_checksum_mismatch(tmp_path):
         step, restored = RunCheckpointer(tmp_path, "x").restore_latest(abstract)
     assert step == 1
     np.testing.assert_array_equal(restored["w"], tree["w"])
+
+
+def test_a_stage_keeps_a_diverged_run_as_a_result_and_restores_it(tmp_path):
+    """``run_stage`` saves finished runs' outputs with NaN in them (the study scores a diverged run by
+    its rule); a rerun restores every chunk without calling the function."""
+    calls = []
+
+    def fn(x):
+        calls.append(1)  # counted at trace time: one trace per invocation that computes
+        return {"y": jnp.where(x > 2, jnp.nan, x * jnp.ones(3))}
+
+    grid = jnp.arange(5.0)
+    out, _ = run_stage(fn, grid, directory=tmp_path / "stage", fingerprint="nan stage", chunk_size=2)
+    assert np.isnan(out["y"][3:]).all() and np.isfinite(out["y"][:3]).all()
+    assert nonfinite_cells(out) == {3: (0, "y"), 4: (0, "y")}
+    traced = len(calls)
+    again, _ = run_stage(fn, grid, directory=tmp_path / "stage", fingerprint="nan stage", chunk_size=2)
+    np.testing.assert_array_equal(again["y"], out["y"])
+    assert len(calls) == traced + 1  # traced for the output shapes, never run: every chunk was restored
 
 
 # ----------------------------------------------------------------------------- the lock

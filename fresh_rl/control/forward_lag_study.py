@@ -24,10 +24,10 @@ from fresh_rl.control.hyperparams import HyperParams
 from fresh_rl.control.methods import METHODS
 from fresh_rl.control.train import train
 from fresh_rl.corrections import PPOClipConfig, SPOConfig
-from fresh_rl.eval import eval_mean_score
+from fresh_rl.eval import eval_first_score, eval_mean_score
 from fresh_rl.lag import DelayConfig
 from fresh_rl.presets import Preset
-from fresh_rl.sweep import run_stage
+from fresh_rl.sweep import nonfinite_cells, run_stage
 from fresh_rl.sweep.keys import seed_keys
 
 MIXTURE = "mixture"
@@ -41,6 +41,9 @@ KNOBS = {  # method → (knob name, its 3 values, traced HyperParams leaf or Non
 ABLATIONS = ("vaco_align_only", "vaco_filter_only")
 DELTA_CURVE = (0.05, 0.1, 0.2, 0.4)
 MEASURED = ("version_gap", "backward_tv", "forward_tv", "masked_fraction", "clip_fraction")  # run means per cell
+AVERAGES = (("backward_tv", "lag/tv", np.mean), ("forward_tv", "lag/forward_tv", np.median),
+            ("version_gap", "lag/version_gap_mean", np.mean), ("clip_fraction", "loss/clip_fraction", np.mean),
+            ("masked_fraction", "loss/mask_fraction", np.mean))  # column, kept metric, average over iterations
 KEEP = ("eval/return_deterministic", "eval/valid", "lag/tv", "lag/forward_tv", "lag/version_gap_mean",
         "loss/clip_fraction", "loss/mask_fraction")
 
@@ -90,13 +93,45 @@ def task_folder(env_name: str) -> str:
     return env_name.replace("/", "_")
 
 
+def run_summaries(out: dict) -> list[dict]:
+    """Per run of a stage's outputs ``[runs, iterations]``: its mean and final learner return, the
+    iteration it diverged at (−1: never) and its measured lags averaged over iterations (``AVERAGES``).
+
+    Diverged runs (declared in the claims file before any scoring run): a run diverges at the first
+    iteration where a kept metric is NaN, or ±inf where the guard forbids it
+    (:func:`~fresh_rl.sweep.nonfinite_cells`). Its evaluations from there on score the run's first
+    evaluation, the learner closest to untrained in the same deterministic mode (the stage's mean
+    first evaluation if the run diverged before its first), so a diverged run is scored as having
+    unlearned; its measured lags are averaged over the iterations before the divergence. A run that
+    never diverges is scored as the plain mean over its evaluations."""
+    ret = np.asarray(out["eval/return_deterministic"], np.float64)
+    valid = np.asarray(out["eval/valid"]).astype(bool)
+    n, iterations = ret.shape
+    diverged = np.full(n, -1)
+    for run, (step, _) in nonfinite_cells(out).items():
+        diverged[run] = step
+    before = np.arange(iterations) < np.where(diverged < 0, iterations, diverged)[:, None]
+    first = eval_first_score(np.where(before, ret, np.nan), valid)
+    first = np.where(np.isfinite(first), first, np.nanmean(np.where(np.isfinite(first), first, np.nan)))
+    ret = np.where(before, ret, first[:, None])
+    mean = eval_mean_score(ret, valid)
+    return [{"mean_return": float(mean[i]), "final_return": float(ret[i, -1]), "diverged_at": int(diverged[i]),
+             **{col: float(average(out[key][i][before[i]])) if key in out and before[i].any() else math.nan
+                for col, key, average in AVERAGES}} for i in range(n)]
+
+
+def diverged_text(rows: list[dict]) -> str:
+    """`` (k diverged)`` for rows of :func:`run_summaries` with k > 0 diverged runs, else ``""``."""
+    count = sum(r["diverged_at"] >= 0 for r in rows)
+    return f" ({count} diverged)" if count else ""
+
+
 def stage(config, scale, rows, out_dir, name):
     """``rows`` (dicts with ``seed``, ``learning_rate``, ``lag`` and the traced knob if any) of one program;
-    per run its mean and final learner return and the run means of the measured lags, except the forward
-    TV: its median over iterations. The trainer's ``lag/forward_tv`` is ½·mean|π_θ/π_T − 1| on the
-    batch's actions, which come from the behaviour policy β: exact in expectation at lag 0, biased and
-    unbounded under backward lag (one iteration's value reached 1.9e14 on CartPole at M = 64), so a
-    run is summarised by the median."""
+    per run :func:`run_summaries`. The forward TV is a run's median over iterations: the trainer's
+    ``lag/forward_tv`` is ½·mean|π_θ/π_T − 1| on the batch's actions, which come from the behaviour
+    policy β: exact in expectation at lag 0, biased and unbounded under backward lag (one iteration's
+    value reached 1.9e14 on CartPole at M = 64)."""
     traced = KNOBS.get(config.method, (None, None, None))[2]
     grid = {"learning_rate": [r["learning_rate"] for r in rows], "lag": [r["lag"] for r in rows]}
     if traced:
@@ -105,13 +140,7 @@ def stage(config, scale, rows, out_dir, name):
     out, _ = run_stage(functools.partial(train_kept, config), seed_keys([r["seed"] for r in rows]),
                        HyperParams.from_grid(config, grid), directory=out_dir / "runs" / task_folder(label.replace(" ", "-")),
                        fingerprint=f"{name} {config!r} rows={rows}", chunk_size=scale.chunk, label=label)
-    mean = eval_mean_score(out["eval/return_deterministic"], out["eval/valid"])
-    return [{**r, "mean_return": float(m), "final_return": float(f),
-             **{col: float(average(out[key][i])) if key in out else math.nan for col, key, average in
-                (("backward_tv", "lag/tv", np.mean), ("forward_tv", "lag/forward_tv", np.median),
-                 ("version_gap", "lag/version_gap_mean", np.mean), ("clip_fraction", "loss/clip_fraction", np.mean),
-                 ("masked_fraction", "loss/mask_fraction", np.mean))}}
-            for i, (r, m, f) in enumerate(zip(rows, mean, out["eval/return_deterministic"][:, -1]))]
+    return [{**r, **summary} for r, summary in zip(rows, run_summaries(out))]
 
 
 def tune(task, scale, out_dir, seed) -> tuple[dict, list[dict]]:

@@ -71,9 +71,13 @@ class RunCheckpointer:
         seed included (:func:`fresh_rl.sweep.identity.fingerprint` of the run's identity);
         restoring a checkpoint saved under another fingerprint raises :class:`RunIdentityError`.
       max_to_keep: newest checkpoints kept (≥ 2, so a corrupt newest one leaves a good one).
+      allow_nonfinite: save trees holding NaN/±inf. Only for the outputs of finished runs
+        (:func:`fresh_rl.sweep.run_sharded`'s chunks), where a diverged run is a result its
+        caller marks (:func:`~fresh_rl.sweep.integrity.nonfinite_cells`), never for a state a
+        run continues from.
     """
 
-    def __init__(self, directory, fingerprint: str = "", max_to_keep: int = 2):
+    def __init__(self, directory, fingerprint: str = "", max_to_keep: int = 2, allow_nonfinite: bool = False):
         import orbax.checkpoint as ocp
 
         require_int("max_to_keep", max_to_keep, 2)
@@ -81,6 +85,7 @@ class RunCheckpointer:
             sys.unraisablehook = _drop_closed_loop_callbacks(sys.unraisablehook)
         self.directory = Path(directory).resolve()
         self.fingerprint = fingerprint
+        self.allow_nonfinite = allow_nonfinite
         self._ocp = ocp
         self._manager = ocp.CheckpointManager(
             self.directory,
@@ -94,11 +99,12 @@ class RunCheckpointer:
 
     def save(self, step: int, tree, extra: Optional[dict] = None) -> None:
         """Write ``tree`` as checkpoint ``step``; a tree with NaN (or ±inf parameters) raises
-        :class:`~fresh_rl.sweep.integrity.NonFiniteError` and writes nothing. ``extra``: a
+        :class:`~fresh_rl.sweep.integrity.NonFiniteError` and writes nothing, unless the
+        checkpointer was made with ``allow_nonfinite``. ``extra``: a
         JSON-serialisable dict saved with it (e.g. a run's history of variable length), read
         back by :meth:`extra`."""
         problem, checksum = inspect_for_checkpoint(tree)
-        if problem is not None:
+        if problem is not None and not self.allow_nonfinite:
             raise NonFiniteError(f"refusing to checkpoint step {step} in {self.directory}: {problem}")
         args = self._ocp.args
         meta = {"fingerprint": self.fingerprint, "step": step, "checksum": checksum}

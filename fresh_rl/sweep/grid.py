@@ -203,14 +203,15 @@ def run_stage(fn: Callable[..., Any], *grid_args, directory, fingerprint: str, c
     """One resumable stage of a study: :func:`run_sharded` of ``fn`` over ``grid_args``, each
     chunk saved in ``<directory>-<hash of fingerprint>`` (new settings, new folder; a rerun
     restores the saved chunks), progress on stderr. Returns the outputs as NumPy arrays and the
-    wall time of the invocation that finished the stage (kept in ``<folder>.seconds``)."""
+    wall time of the invocation that finished the stage (kept in ``<folder>.seconds``). A run
+    that diverges keeps its NaN outputs (saved like any other; the study scores it by its rule)."""
     directory = Path(directory)
     digest = hashlib.sha256(fingerprint.encode()).hexdigest()[:10]
     folder = directory.with_name(f"{directory.name}-{digest}")
     timing = folder.with_name(folder.name + ".seconds")
     started = time.perf_counter()
     out = run_sharded(fn, *grid_args, chunk_size=chunk_size,
-                      checkpointer=RunCheckpointer(folder, fingerprint=fingerprint),
+                      checkpointer=RunCheckpointer(folder, fingerprint=fingerprint, allow_nonfinite=True),
                       on_chunk=progress_printer(label or directory.name))
     if not timing.exists():
         timing.write_text(f"{time.perf_counter() - started:.1f}\n")
