@@ -14,8 +14,7 @@ return, evaluation AUC, lag metrics), ``curves.csv`` (seed-mean return per itera
 Student-t bands), ``curves_<task>.png``, ``per_task.csv`` (seed-mean normalised score per task,
 variant, swept value and lag, 95% Student-t interval); over at least ``MIN_AGGREGATE_TASKS``
 learning tasks also ``aggregates.{csv,png}`` (rliable median / IQM / mean / optimality gap with
-95% stratified-bootstrap intervals per method and lag),
-``probability_of_improvement.csv`` (P(VACO variant > baseline) per lag, with intervals),
+95% stratified-bootstrap intervals per method and lag), ``probability_of_improvement.csv`` (P(VACO variant > baseline) per lag, with intervals),
 ``score_vs_tv.{csv,png}`` (seed-mean normalised score against the measured backward TV per
 method, task and lag), ``lag_metrics.csv`` (measured version gap, backward and forward TV, ESS,
 filter on-fraction and masked / clipped fractions per task, method and lag),
@@ -32,8 +31,8 @@ The claims are decided by experiments/verdicts.py (results/VERDICTS.md).
     python experiments/vaco_lag_sweep.py --scale gpu10  # ~10 min on one GPU (estimated, not yet run)
     python experiments/vaco_lag_sweep.py --scale paper  # Brax MuJoCo tasks at 100M steps (GPU/TPU)
 
-Runs, scores and tables: :mod:`fresh_rl.control.vaco_sweep_study`; scales:
-``fresh_rl.control.presets.VACO_SCALES``; this script picks the figures.
+Runs and scores: :mod:`fresh_rl.control.vaco_sweep_study`; tables: :mod:`fresh_rl.control.vaco_sweep_report`;
+scales: ``fresh_rl.control.presets.VACO_SCALES``; this script picks the figures.
 """
 from __future__ import annotations
 
@@ -45,7 +44,8 @@ import numpy as np
 
 from fresh_rl.compilation_cache import add_compilation_cache_flag
 from fresh_rl.control.presets import ABLATIONS, VACO_SCALES as SCALES, lag_name
-from fresh_rl.control.vaco_sweep_study import run_all, write_tables
+from fresh_rl.control.vaco_sweep_report import write_tables
+from fresh_rl.control.vaco_sweep_study import run_all
 from fresh_rl.eval import AGGREGATE_METRICS
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance
 from fresh_rl.report import save_panels
