@@ -43,7 +43,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fresh_rl.control.freshper_study import SCALES, Scale, plot_drift_fit, readme_lines, run_task, tables
+from fresh_rl.control.freshper_report import plot_drift_fit, readme_lines, tables
+from fresh_rl.control.freshper_study import SCALES, Scale, run_task
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, write_atomic, write_csv
 from fresh_rl.report import grouped, save_panel_grid, titled, write_readme
 from fresh_rl.sweep import output_lock
