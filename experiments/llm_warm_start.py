@@ -48,7 +48,8 @@ from fresh_rl.llm.checkpoint import add_model_flag
 from fresh_rl.llm.model import Qwen2Config
 from fresh_rl.llm.presets import RESULTS, SPECIALIZE
 from fresh_rl.llm.warm_start import WarmStartConfig
-from fresh_rl.llm.warm_start_study import BpeScale, WarmStartScale, bpe_warm_start, char_warm_start, specialize
+from fresh_rl.llm.bpe_warm_start_study import BpeScale, bpe_warm_start
+from fresh_rl.llm.warm_start_study import WarmStartScale, char_warm_start, specialize
 from fresh_rl.presets import named
 from fresh_rl.sweep.study_cli import NO_CHECKED, add_preset_arguments, chosen_preset, start_study
 

@@ -100,7 +100,7 @@ def test_training_state_checkpoint_roundtrips_with_its_meta_and_rejects_another_
 
 
 def test_bpe_scale_refuses_an_evaluation_count_that_does_not_divide_the_steps():
-    from fresh_rl.llm.warm_start_study import BpeScale
+    from fresh_rl.llm.bpe_warm_start_study import BpeScale
     config = WarmStartConfig(steps=4, batch_size=2, warmup_steps=1)
     with pytest.raises(ValueError, match="evals=3 must be >= 1 and divide steps=4"):
         BpeScale("bpe-5m", config, evals=3)
