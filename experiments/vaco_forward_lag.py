@@ -89,7 +89,7 @@ def readme_lines(scale: Scale, t: dict, picks: dict, seconds: dict, seed: int) -
     c0, s0, runs = scale.tasks[0], seed + scale.tuning_seeds, t["runs"]
     cells = []
     for key, rows in grouped(runs, ("task", "method", "knob", "backward", "updates")).items():
-        mean = {c: f"{np.nanmean([r[c] for r in rows]):.3f}" for c in MEASURED}
+        mean = {c: f"{np.mean(v):.3f}" if (v := [r[c] for r in rows if not np.isnan(r[c])]) else "–" for c in MEASURED}
         cells.append([*key[:2], f"{key[2]:g}", f"{rows[0]['learning_rate']:g}", *key[3:], rows[0]["versions"],
                       interval_text(*interval([r["mean_return"] for r in rows])) + diverged_text(rows), *mean.values()])
     return [

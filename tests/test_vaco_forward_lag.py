@@ -35,12 +35,15 @@ def test_cells_report_versions_and_measured_lags(ci_run, csv_rows):
         # the warm-up (2 versions) keeps lag 0 on-policy and a lag of 2 below 2 on average
         assert (gap == 0.0) if r["backward"] == "0" else (0.0 < gap < 2.0), r
         assert float(r["forward_tv"]) >= 0.0
+        assert int(r["diverged_at"]) == -1  # no ci run diverges (the rule: test_forward_lag_study.py)
     # VACO's δ curve and both ablations at the middle M
     methods = {(r["method"], r["knob"]) for r in runs}
     assert {("vaco", k) for k in ("0.05", "0.1", "0.2", "0.4")} <= methods
     assert {m for m, _ in methods} >= {"vaco_align_only", "vaco_filter_only"}
     for name in ("score_vs_forward_lag.png", "score_vs_backward_lag.png", "score_vs_tv.png", "README.md"):
         assert (out / name).stat().st_size > 0
+    cells = [line for line in (out / "README.md").read_text().splitlines() if line.startswith("| CartPole-v1 | ")]
+    assert cells and not any("nan" in line for line in cells)  # a measure a method lacks reads "–"
 
 
 def test_rerun_restores_every_stage(ci_run, run_study):
