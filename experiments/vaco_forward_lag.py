@@ -35,8 +35,8 @@ from fresh_rl.control.config import TrainConfig
 from fresh_rl.control.forward_lag_study import KNOBS, MEASURED, MIXTURE, Scale, diverged_text, score, task_folder, tune
 from fresh_rl.presets import named
 from fresh_rl.provenance import REPOSITORY_ROOT, provenance, write_atomic, write_csv
-from fresh_rl.report import (grouped, interval, interval_text, markdown_table, plot_interval_curves, save_panels,
-                             write_readme)
+from fresh_rl.report import (grouped, interval, interval_text, markdown_table, plot_interval_curves, save_panel_grid,
+                             save_panels, write_readme)
 from fresh_rl.sweep import output_lock
 from fresh_rl.sweep.study_cli import study_main
 
@@ -65,7 +65,7 @@ SCALES = named({
 
 def figures(runs: list[dict], scale: Scale, out_dir: Path) -> None:
     """Score against M (at the middle backward lag) and against the backward lag (at the middle M)
-    per task with 95% t intervals, and score against the measured forward TV."""
+    per task with 95% t intervals, and score against the measured forward and backward TV."""
     main = [r for r in runs if r["method"] in KNOBS and r["tuned_knob"]]
     tasks, cells = list(dict.fromkeys(r["task"] for r in main)), grouped(main, ("task", "method", "backward", "updates"))
     lag, updates = str(scale.middle[0]), scale.middle[1]
@@ -77,12 +77,12 @@ def figures(runs: list[dict], scale: Scale, out_dir: Path) -> None:
             ax, xs, {m: [[r["mean_return"] for r in cells.get((task, m, *cell(x)), [])] for x in xs]
                      for m, _ in scale.knobs}, label, "learner return, mean over evaluations (95% t)"))
 
-    def scatter(ax, task):
+    def scatter(ax, tv, task):  # forward TV (after the last update): biased, unbounded under backward lag
         for method, _ in scale.knobs:
             rows = [r for r in main if r["task"] == task and r["method"] == method]
-            ax.scatter([r["forward_tv"] for r in rows], [r["mean_return"] for r in rows], s=8, label=method)
-        ax.set(xscale="log", xlabel="forward TV after the batch's last update (run median)", ylabel="learner return")
-    save_panels(out_dir / "score_vs_tv.png", tasks, scatter)
+            ax.scatter([r[tv] for r in rows], [r["mean_return"] for r in rows], s=8, label=method)
+        ax.set(title=task, xscale="log" if tv == "forward_tv" else "linear", xlabel=f"{tv[:-3]} TV", ylabel="return")
+    save_panel_grid(out_dir / "score_vs_tv.png", ["forward_tv", "backward_tv"], tasks, scatter)
 
 
 def readme_lines(scale: Scale, t: dict, picks: dict, seconds: dict, seed: int) -> list[str]:
