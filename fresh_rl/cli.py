@@ -321,7 +321,7 @@ def cmd_sweep(args) -> None:
         if primary:
             _claim(args, identity)
         checkpointer = None if args.chunk_size is None else RunCheckpointer(
-            Path(args.out) / "checkpoints", fingerprint=fingerprint(identity), allow_nonfinite=True)
+            Path(args.out) / "checkpoints", fingerprint=fingerprint(identity))
         metrics = to_host(run_sharded(fn, grid.keys, hparams, chunk_size=args.chunk_size, pad=not args.no_pad,
                                       checkpointer=checkpointer))
         failed = nonfinite_cells(metrics)  # {cell: (first iteration, metric)}

@@ -112,7 +112,7 @@ def run_summaries(out: dict) -> list[dict]:
         diverged[run] = step
     before = np.arange(iterations) < np.where(diverged < 0, iterations, diverged)[:, None]
     first = eval_first_score(np.where(before, ret, np.nan), valid)
-    first = np.where(np.isfinite(first), first, np.nanmean(np.where(np.isfinite(first), first, np.nan)))
+    first = np.where(np.isnan(first), np.nanmean(first), first)  # NaN: diverged before its first evaluation
     ret = np.where(before, ret, first[:, None])
     mean = eval_mean_score(ret, valid)
     return [{"mean_return": float(mean[i]), "final_return": float(ret[i, -1]), "diverged_at": int(diverged[i]),

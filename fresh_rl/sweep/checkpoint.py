@@ -71,13 +71,9 @@ class RunCheckpointer:
         seed included (:func:`fresh_rl.sweep.identity.fingerprint` of the run's identity);
         restoring a checkpoint saved under another fingerprint raises :class:`RunIdentityError`.
       max_to_keep: newest checkpoints kept (≥ 2, so a corrupt newest one leaves a good one).
-      allow_nonfinite: save trees holding NaN/±inf. Only for the outputs of finished runs
-        (:func:`fresh_rl.sweep.run_sharded`'s chunks), where a diverged run is a result its
-        caller marks (:func:`~fresh_rl.sweep.integrity.nonfinite_cells`), never for a state a
-        run continues from.
     """
 
-    def __init__(self, directory, fingerprint: str = "", max_to_keep: int = 2, allow_nonfinite: bool = False):
+    def __init__(self, directory, fingerprint: str = "", max_to_keep: int = 2):
         import orbax.checkpoint as ocp
 
         require_int("max_to_keep", max_to_keep, 2)
@@ -85,7 +81,6 @@ class RunCheckpointer:
             sys.unraisablehook = _drop_closed_loop_callbacks(sys.unraisablehook)
         self.directory = Path(directory).resolve()
         self.fingerprint = fingerprint
-        self.allow_nonfinite = allow_nonfinite
         self._ocp = ocp
         self._manager = ocp.CheckpointManager(
             self.directory,
@@ -97,14 +92,16 @@ class RunCheckpointer:
     def steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
 
-    def save(self, step: int, tree, extra: Optional[dict] = None) -> None:
+    def save(self, step: int, tree, extra: Optional[dict] = None, allow_nonfinite: bool = False) -> None:
         """Write ``tree`` as checkpoint ``step``; a tree with NaN (or ±inf parameters) raises
-        :class:`~fresh_rl.sweep.integrity.NonFiniteError` and writes nothing, unless the
-        checkpointer was made with ``allow_nonfinite``. ``extra``: a
+        :class:`~fresh_rl.sweep.integrity.NonFiniteError` and writes nothing. ``extra``: a
         JSON-serialisable dict saved with it (e.g. a run's history of variable length), read
-        back by :meth:`extra`."""
+        back by :meth:`extra`. ``allow_nonfinite``: save such a tree anyway; only for the outputs
+        of finished runs (:func:`fresh_rl.sweep.run_sharded`'s chunks), where a diverged run is a
+        result its caller marks (:func:`~fresh_rl.sweep.integrity.nonfinite_cells`), never for
+        a state a run continues from."""
         problem, checksum = inspect_for_checkpoint(tree)
-        if problem is not None and not self.allow_nonfinite:
+        if problem is not None and not allow_nonfinite:
             raise NonFiniteError(f"refusing to checkpoint step {step} in {self.directory}: {problem}")
         args = self._ocp.args
         meta = {"fingerprint": self.fingerprint, "step": step, "checksum": checksum}

@@ -121,7 +121,9 @@ def run_sharded(fn: Callable[..., Any], *grid_args, mesh: Optional[Mesh] = None,
         last point; ``False`` makes a chunk that does not divide over the devices an error.
       checkpointer: a :class:`~fresh_rl.sweep.checkpoint.RunCheckpointer`: the gathered outputs
         are saved after every chunk and a rerun continues after the last saved chunk (its
-        fingerprint must name the grid and everything in ``fn``). All processes call it.
+        fingerprint must name the grid and everything in ``fn``). A diverged point's NaN
+        outputs are saved with the rest: they are a result (find them with
+        :func:`~fresh_rl.sweep.integrity.nonfinite_cells`). All processes call it.
       on_chunk: called after every computed chunk of a checkpointed run as ``on_chunk(points
         done, points, seconds per point)`` (e.g. :func:`~fresh_rl.sweep.checkpoint.progress_printer`).
     Returns:
@@ -191,7 +193,7 @@ def _run_chunks_checkpointed(run_chunk, shapes, n, checkpointer, on_chunk=None):
         for target, value in zip(jax.tree.leaves(tree["outputs"]), jax.tree.leaves(out)):
             target[start:start + value.shape[0]] = value
         tree["points_done"] = np.int32(min(n, start + chunk))
-        checkpointer.save(index + 1, tree)
+        checkpointer.save(index + 1, tree, allow_nonfinite=True)  # finished runs' outputs, not a state
         if on_chunk is not None:
             done = int(tree["points_done"])
             on_chunk(done, n, (time.perf_counter() - started) / (done - resumed_at))
@@ -211,7 +213,7 @@ def run_stage(fn: Callable[..., Any], *grid_args, directory, fingerprint: str, c
     timing = folder.with_name(folder.name + ".seconds")
     started = time.perf_counter()
     out = run_sharded(fn, *grid_args, chunk_size=chunk_size,
-                      checkpointer=RunCheckpointer(folder, fingerprint=fingerprint, allow_nonfinite=True),
+                      checkpointer=RunCheckpointer(folder, fingerprint=fingerprint),
                       on_chunk=progress_printer(label or directory.name))
     if not timing.exists():
         timing.write_text(f"{time.perf_counter() - started:.1f}\n")
