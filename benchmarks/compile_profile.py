@@ -110,7 +110,7 @@ def _study_programs() -> dict:
     """The studies' vmapped programs as (fn, args): one chunk of the forward-lag study's stages and
     one variant of the lag sweep (``--studies``)."""
     from fresh_rl.control import HyperParams
-    from fresh_rl.control.forward_lag_study import Scale, config_for, train_kept
+    from fresh_rl.control.forward_lag_study import KEEP, Scale, config_for, train_kept
     from fresh_rl.control.presets import VACO_SCALES, study_variants, variant_config, variant_grid
     from fresh_rl.sweep.keys import seed_keys
 
@@ -127,7 +127,7 @@ def _study_programs() -> dict:
                 task("Breakout-MinAtar", normalize_obs=False, hidden_sizes=(64,), entropy_coef=0.01), scale,
                 "ppo_clip", 0.2, 16, "fixed")}.items():
         grid = {"learning_rate": [1e-3] * chunk, "lag": [4] * chunk}
-        programs[f"{name} ({chunk} runs)"] = (jax.vmap(functools.partial(train_kept, config)),
+        programs[f"{name} ({chunk} runs)"] = (jax.vmap(functools.partial(train_kept, config, KEEP)),
                                               (seed_keys(list(range(chunk))), HyperParams.from_grid(config, grid)))
     sweep = VACO_SCALES["cpu"]
     cartpole = next(t for t in sweep.tasks if t.name == "CartPole-v1")

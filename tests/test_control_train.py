@@ -159,10 +159,21 @@ def test_every_method_returns_finite_metrics(method_runs):
         assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(out.params)), method
         assert "loss/loss" in out.metrics and "loss/value_loss" in out.metrics
         assert np.all(np.asarray(out.metrics["lag/forward_tv"]) > 0), method  # forward lag, every method
+        assert np.all(np.asarray(out.metrics["lag/forward_tv_weighted"]) > 0), method
     assert "loss/mask_fraction" in method_runs["vaco"].metrics
     assert "loss/clip_fraction" in method_runs["ppo_clip"].metrics
     # align-only never filters; the IMPALA loss has no clip or filter at all
     np.testing.assert_array_equal(method_runs["vaco_align_only"].metrics["loss/filter_on"], 0.0)
+
+
+def test_forward_tv_weighted_is_the_plain_estimate_at_lag_zero(tiny_runs):
+    """At lag 0 the actors act with π_T: with w = π_T/β the weighted estimate is ½·mean w|π_θ/π_T − 1|,
+    so it is the plain one within a relative max|w − 1| ≈ max|log π_T − log β|: two float32 evaluations
+    of one network on the same rows (a few ulps of a log-probability of order 1, ~1e-6), far under 1e-4."""
+    for name in ("eq_ppo", "eq_vaco"):
+        m = tiny_runs[name].metrics
+        assert np.all(np.asarray(m["lag/forward_tv"]) > 0)
+        np.testing.assert_allclose(m["lag/forward_tv_weighted"], m["lag/forward_tv"], rtol=1e-4)
 
 
 def test_vaco_equals_ppo_clip_first_update_at_lag_zero(tiny_runs):

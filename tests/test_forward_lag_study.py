@@ -9,6 +9,7 @@ import pytest
 
 from fresh_rl.control import TrainConfig
 from fresh_rl.control import forward_lag_study as study
+from fresh_rl.control.forward_lag_report import forward_tv_lines
 
 TASK = TrainConfig(env_name="CartPole-v1", num_envs=8, rollout_length=16, total_env_steps=8 * 16 * 40,
                    num_minibatches=4, num_actor_groups=4, eval_every=10, eval_episodes=2)
@@ -55,6 +56,8 @@ def scored_stages(monkeypatch):
         evals = 3
         out = {"eval/return_deterministic": np.repeat(np.array(score)[:, None], evals, 1),
                "eval/valid": np.ones((n, evals), bool), "lag/forward_tv": np.array([[0.01, 0.01, 1e14]] * n)}
+        if "lag/forward_tv_weighted" in fn.args[1]:
+            out["lag/forward_tv_weighted"] = np.array([[0.01, 0.02, 0.03]] * n)
         return out, 0.0
     monkeypatch.setattr(study, "run_stage", fake_run_stage)
     return calls
@@ -86,6 +89,25 @@ def test_scoring_covers_every_cell_on_other_seeds_with_ablations_at_the_middle_m
     assert curve == set(study.DELTA_CURVE) | {picks["vaco"][1]}
     assert {r["versions"] for r in runs} == {TASK.num_iterations}
     assert all(r["forward_tv"] == pytest.approx(0.01) for r in runs)  # the median: one blown-up iteration is ignored
+
+
+def test_the_forward_tv_reruns_cover_every_cell_at_the_picks_on_the_first_scoring_seeds(scored_stages, tmp_path):
+    picks, _ = study.tune(TASK, SCALE, tmp_path, seed=0)
+    runs = study.score(TASK, SCALE, picks, tmp_path, seed=0)
+    scoring_calls = len(scored_stages)
+    measured = study.measure_forward_tv(TASK, SCALE, picks, tmp_path, seed=0)
+    assert {r["seed"] for r in measured} == set(range(SCALE.tuning_seeds, SCALE.tuning_seeds + SCALE.forward_tv_seeds))
+    cell = ("method", "knob", "learning_rate", "backward", "updates")
+    assert {tuple(r[k] for k in cell) for r in measured} == {
+        tuple(r[k] for k in cell) for r in runs if r["tuned_knob"] and r["method"] in study.KNOBS}
+    assert all(r["forward_tv_weighted"] == pytest.approx(0.02) for r in measured)  # a run's mean over iterations
+    assert all("forward_tv" in directory for _, directory, _ in scored_stages[scoring_calls:])
+    assert "forward_tv_weighted" not in runs[0]  # the scoring stages keep what they kept
+    text = "\n".join(forward_tv_lines({"runs": runs, "forward_tv": measured}))
+    assert f"{len(measured)} of {len(measured)} reproduce their scoring run's mean return exactly" in text
+    measured[0] = {**measured[0], "mean_return": measured[0]["mean_return"] + 0.5}
+    text = "\n".join(forward_tv_lines({"runs": runs, "forward_tv": measured}))
+    assert f"{len(measured) - 1} of {len(measured)} reproduce" in text and "the largest difference is 0.5" in text
 
 
 def test_a_brax_task_s_stage_folders_stay_under_runs():

@@ -46,9 +46,24 @@ def test_cells_report_versions_and_measured_lags(ci_run, csv_rows):
     assert cells and not any("nan" in line for line in cells)  # a measure a method lacks reads "–"
 
 
+def test_every_cell_reports_the_importance_sampled_forward_tv_from_reruns_of_its_scoring_runs(ci_run, csv_rows):
+    out, _ = ci_run
+    runs, measured = csv_rows(out / "runs.csv"), csv_rows(out / "forward_tv.csv")
+    cell = ("method", "backward", "updates")
+    assert {r["seed"] for r in measured} == {"1"}  # the first scoring seed (forward_tv_seeds = 1)
+    assert {tuple(r[k] for k in cell) for r in measured} == {
+        tuple(r[k] for k in cell) for r in runs if r["tuned_knob"] == "True" and r["method"] in ("ppo_clip", "vaco")}
+    for r in measured:
+        assert 0.0 <= float(r["forward_tv_weighted"]) < 1.5, r  # a mean of estimates of a TV (≤ 1 in expectation)
+        if r["backward"] == "0":  # on-policy: the two estimators are one formula (test_control_train.py)
+            assert float(r["forward_tv_weighted"]) > 0.0 and float(r["forward_tv"]) > 0.0
+    text = (out / "README.md").read_text()
+    assert "## Forward TV at each batch's last update, both estimators" in text and "reproduce their scoring run" in text
+
+
 def test_rerun_restores_every_stage(ci_run, run_study):
     out, _ = ci_run
     runs = (out / "runs.csv").read_text()
     again = run_study("vaco_forward_lag", "ci", out)
-    assert "tuning 1/" not in again.stderr and "scoring 4/" not in again.stderr
+    assert "tuning 1/" not in again.stderr and "scoring 4/" not in again.stderr and "forward_tv 2/" not in again.stderr
     assert (out / "runs.csv").read_text() == runs

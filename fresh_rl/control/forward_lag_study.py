@@ -46,6 +46,7 @@ AVERAGES = (("backward_tv", "lag/tv", np.mean), ("forward_tv", "lag/forward_tv",
             ("masked_fraction", "loss/mask_fraction", np.mean))  # column, kept metric, average over iterations
 KEEP = ("eval/return_deterministic", "eval/valid", "lag/tv", "lag/forward_tv", "lag/version_gap_mean",
         "loss/clip_fraction", "loss/mask_fraction")
+FORWARD_TV_WEIGHTED = ("forward_tv_weighted", "lag/forward_tv_weighted", np.mean)  # kept by the forward-TV stages
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +60,8 @@ class Scale(Preset):
     tuning_seeds: int
     scoring_seeds: int
     chunk: int
+    forward_tv_seeds: int = 2
+    """The first scoring seeds rerun by :func:`measure_forward_tv` (0: none)."""
     knobs: tuple[tuple[str, tuple[float, ...]], ...] = tuple((m, v) for m, (_, v, _) in KNOBS.items())
     """(method, its knob values): the compared methods and their tuning grids (the same size for each)."""
 
@@ -83,9 +86,9 @@ def config_for(task: TrainConfig, scale: Scale, method: str, knob: float, update
                                lag_warmup_versions=scale.warmup, **static)
 
 
-def train_kept(config, key, hp):
+def train_kept(config, keep, key, hp):
     metrics = train(config, key, hp).metrics
-    return {k: metrics[k] for k in KEEP if k in metrics}
+    return {k: metrics[k] for k in keep if k in metrics}
 
 
 def task_folder(env_name: str) -> str:
@@ -104,6 +107,7 @@ def run_summaries(out: dict) -> list[dict]:
     first evaluation if the run diverged before its first), so a diverged run is scored as having
     unlearned; its measured lags are averaged over the iterations before the divergence. A run that
     never diverges is scored as the plain mean over its evaluations."""
+    averages = AVERAGES + ((FORWARD_TV_WEIGHTED,) if FORWARD_TV_WEIGHTED[1] in out else ())
     ret = np.asarray(out["eval/return_deterministic"], np.float64)
     valid = np.asarray(out["eval/valid"]).astype(bool)
     n, iterations = ret.shape
@@ -117,7 +121,7 @@ def run_summaries(out: dict) -> list[dict]:
     mean = eval_mean_score(ret, valid)
     return [{"mean_return": float(mean[i]), "final_return": float(ret[i, -1]), "diverged_at": int(diverged[i]),
              **{col: float(average(out[key][i][before[i]])) if key in out and before[i].any() else math.nan
-                for col, key, average in AVERAGES}} for i in range(n)]
+                for col, key, average in averages}} for i in range(n)]
 
 
 def diverged_text(rows: list[dict]) -> str:
@@ -126,18 +130,19 @@ def diverged_text(rows: list[dict]) -> str:
     return f" ({count} diverged)" if count else ""
 
 
-def stage(config, scale, rows, out_dir, name):
+def stage(config, scale, rows, out_dir, name, keep=KEEP):
     """``rows`` (dicts with ``seed``, ``learning_rate``, ``lag`` and the traced knob if any) of one program;
-    per run :func:`run_summaries`. The forward TV is a run's median over iterations: the trainer's
-    ``lag/forward_tv`` is ½·mean|π_θ/π_T − 1| on the batch's actions, which come from the behaviour
-    policy β: exact in expectation at lag 0, biased and unbounded under backward lag (one iteration's
-    value reached 1.9e14 on CartPole at M = 64)."""
+    per run :func:`run_summaries` of the ``keep`` metrics. The forward TV is a run's median over
+    iterations: the trainer's ``lag/forward_tv`` is ½·mean|π_θ/π_T − 1| on the batch's actions, which
+    come from the behaviour policy β: exact in expectation at lag 0, biased and unbounded under
+    backward lag (one iteration's value reached 1.9e14 on CartPole at M = 64); its importance-sampled
+    form ``lag/forward_tv_weighted`` (unbiased, a run's mean) is kept by :func:`measure_forward_tv`."""
     traced = KNOBS.get(config.method, (None, None, None))[2]
     grid = {"learning_rate": [r["learning_rate"] for r in rows], "lag": [r["lag"] for r in rows]}
     if traced:
         grid[traced] = [r["knob"] for r in rows]
     label = f"{config.env_name} {config.method} M={config.num_epochs * config.num_minibatches} {name}"
-    out, _ = run_stage(functools.partial(train_kept, config), seed_keys([r["seed"] for r in rows]),
+    out, _ = run_stage(functools.partial(train_kept, config, keep), seed_keys([r["seed"] for r in rows]),
                        HyperParams.from_grid(config, grid), directory=out_dir / "runs" / task_folder(label.replace(" ", "-")),
                        fingerprint=f"{name} {config!r} rows={rows}", chunk_size=scale.chunk, label=label)
     return [{**r, **summary} for r, summary in zip(rows, run_summaries(out))]
@@ -163,20 +168,36 @@ def tune(task, scale, out_dir, seed) -> tuple[dict, list[dict]]:
     return picks, [{"task": task.env_name, **r} for r in rows_out]
 
 
+def score_cells(task, scale, method, lr, knob, updates, seeds, out_dir, name, keep=KEEP, knobs=None) -> list[dict]:
+    """One method at (lr, knob: its pick) with M = ``updates`` in every backward-lag cell (the fixed lags in
+    one program, the mixture in another) on ``seeds``, at each of ``knobs`` (default: the pick); per run
+    the cell's row (:func:`stage`)."""
+    out = []
+    for delay, lags in (("fixed", scale.lags), (MIXTURE, (0,))):
+        rows = [{"method": method, "knob": k, "learning_rate": lr, "lag": lag, "seed": s}
+                for k in knobs or (knob,) for lag in lags for s in seeds]
+        config = config_for(task, scale, method, knob, updates, delay)
+        out += [{"task": task.env_name, **r, "backward": MIXTURE if delay == MIXTURE else str(r["lag"]),
+                 "updates": updates, "tuned_knob": r["knob"] == knob, "versions": config.num_iterations}
+                for r in stage(config, scale, rows, out_dir, name, keep)]
+    return out
+
+
 def score(task, scale, picks, out_dir, seed) -> list[dict]:
     """Every method at its pick in every cell, then the ablations at the middle M."""
     seeds = range(seed + scale.tuning_seeds, seed + scale.tuning_seeds + scale.scoring_seeds)
     jobs = [(m, *picks[m], updates) for m, _ in scale.knobs for updates in scale.updates]
     if "vaco" in picks:
         jobs += [(m, *picks["vaco"], scale.middle[1]) for m in ABLATIONS]
-    out = []
-    for method, lr, knob, updates in jobs:
-        for delay, lags in (("fixed", scale.lags), (MIXTURE, (0,))):
-            knobs = DELTA_CURVE if (method, updates) == ("vaco", scale.middle[1]) else (knob,)
-            rows = [{"method": method, "knob": k, "learning_rate": lr, "lag": lag, "seed": s}
-                    for k in knobs for lag in lags for s in seeds]
-            config = config_for(task, scale, method, knob, updates, delay)
-            for r in stage(config, scale, rows, out_dir, "scoring"):
-                out.append({"task": task.env_name, **r, "backward": MIXTURE if delay == MIXTURE else str(r["lag"]),
-                            "updates": updates, "tuned_knob": r["knob"] == knob, "versions": config.num_iterations})
-    return out
+    return [r for method, lr, knob, updates in jobs for r in score_cells(
+        task, scale, method, lr, knob, updates, seeds, out_dir, "scoring",
+        knobs=DELTA_CURVE if (method, updates) == ("vaco", scale.middle[1]) else None)]
+
+
+def measure_forward_tv(task, scale, picks, out_dir, seed) -> list[dict]:
+    """The compared methods at their picks in every cell, rerun on the first ``scale.forward_tv_seeds``
+    scoring seeds keeping also the unbiased ``lag/forward_tv_weighted`` (the same configs, keys and
+    rows as their scoring runs; another compiled program, so equal up to float reassociation)."""
+    seeds = range(seed + scale.tuning_seeds, seed + scale.tuning_seeds + scale.forward_tv_seeds)
+    return [r for m, _ in scale.knobs for updates in scale.updates for r in score_cells(
+        task, scale, m, *picks[m], updates, seeds, out_dir, "forward_tv", KEEP + (FORWARD_TV_WEIGHTED[1],))]

@@ -25,7 +25,9 @@ episodes that ended during the iteration's rollout (the previous value carried i
 0 before the first), ``episodes_completed``, ``updates`` (optimizer updates this iteration),
 the batch-start ``lag/…`` metrics of :func:`fresh_rl.lag.lag_metrics` (version gap, TV(π_T, β),
 ESS, KL), ``lag/forward_tv`` — ½·mean|π_θ/π_T − 1| over the batch after its updates (the
-unweighted mean, our choice, exact in expectation at lag 0), ``loss/…`` — the mean over the
+unweighted mean, our choice, exact in expectation at lag 0, biased under backward lag since the
+actions come from β), ``lag/forward_tv_weighted`` — ½·mean|π_θ/β − π_T/β|, the same TV
+importance-sampled from β's actions (unbiased at every lag), ``loss/…`` — the mean over the
 fresh gradient steps of the loss's metrics plus ``value_loss``, ``entropy``, ``log_rd_abs``
 (mean |log π_old − log β|) and ``grad_norm``, ``old_logits/…`` — the route's forwards and resets,
 the engine's true mean |log r_d| and the staleness mean |log π_T/π_v|; with
@@ -54,7 +56,8 @@ from fresh_rl.control.evaluation import evaluate_learner, evaluation_key
 from fresh_rl.control.hyperparams import HyperParams
 from fresh_rl.control.losses import frozen_advantages, make_loss_fn, replayed_advantages, sequences
 from fresh_rl.control.old_log_probs import ControlRouteSources, select_route, splits_clip, uses_ewma, uses_proxies
-from fresh_rl.corrections import EWMAReference, adaptive_kl_coefficient, ewma_update, init_ewma_reference, tv_estimate
+from fresh_rl.corrections import (EWMAReference, adaptive_kl_coefficient, ewma_update, init_ewma_reference, tv_estimate,
+                                  tv_estimate_weighted)
 from fresh_rl.lag import lag_metrics, version_ring
 from fresh_rl.replay import ReplayState, magnitude_priority, make_trajectory_buffer
 from fresh_rl.replay import methods as replay_methods
@@ -271,7 +274,10 @@ def update(config: TrainConfig, state: TrainState, batch: Batch, key, hparams: H
     if config.data_source_spec.buffered:
         state, extra = _replay_updates(config, state, hparams, loss_fn_for, rows, fresh_rows, adv, route.ewma, key)
         updates = updates + extra
-    metrics["lag/forward_tv"] = tv_estimate(log_probs(config, state.params, batch.obs, batch.action) - logp_T)
+    logp_last = log_probs(config, state.params, batch.obs, batch.action)
+    metrics["lag/forward_tv"] = tv_estimate(logp_last - logp_T)
+    metrics["lag/forward_tv_weighted"] = tv_estimate_weighted(logp_last - batch.behaviour_log_prob,
+                                                              logp_T - batch.behaviour_log_prob)
     kl_coef = state.kl_coef
     if config.kl_adaptive is not None and "kl_penalty" in step_metrics:
         kl_coef = adaptive_kl_coefficient(kl_coef, jnp.mean(step_metrics["kl_penalty"][-1]), config.kl_adaptive)

@@ -26,6 +26,7 @@ from fresh_rl.corrections.diagnostics import (
     policy_diagnostics,
     ratio_statistics,
     tv_estimate,
+    tv_estimate_weighted,
     version_lag_statistics,
 )
 from fresh_rl.corrections.ewma import (
@@ -106,6 +107,7 @@ __all__ = [
     "spo_loss",
     "truncated_importance_weights",
     "tv_estimate",
+    "tv_estimate_weighted",
     "tv_filter_mask",
     "vaco_policy_loss",
     "version_lag_statistics",

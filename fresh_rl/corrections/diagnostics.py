@@ -7,7 +7,8 @@ without changing its gradient.
 
 References: J. Schulman, "Approximating KL Divergence" (2020, blog) for k1/k2/k3;
 Kong (1992) / Owen (2013, ch. 9) for the effective sample size; VACO (arXiv 2603.01365,
-the TV estimate of Eq. 5 of its ICLR 2026 submission; docs/vaco.md) for ``tv_estimate``.
+the TV estimate of Eq. 5 of its ICLR 2026 submission; docs/vaco.md) for ``tv_estimate``;
+Owen (2013, ch. 9) for its importance-sampled form ``tv_estimate_weighted``.
 """
 from __future__ import annotations
 
@@ -51,6 +52,22 @@ def tv_estimate(log_ratio: chex.Array, mask: Optional[chex.Array] = None) -> che
     mask = check_per_token([log_ratio], mask)
     ratio = jnp.exp(jax.lax.stop_gradient(log_ratio))
     return 0.5 * masked_mean(jnp.abs(ratio - 1.0), mask)
+
+
+def tv_estimate_weighted(log_ratio_p: chex.Array, log_ratio_q: chex.Array,
+                         mask: Optional[chex.Array] = None) -> chex.Array:
+    """Importance-sampled total variation between two policies from a third one's actions:
+    ``½ · mean_i |p(a_i)/β(a_i) − q(a_i)/β(a_i)|`` with ``log_ratio_p = log p − log β`` and
+    ``log_ratio_q = log q − log β``.
+
+    With actions drawn from β this is unbiased for TV(p, q) = ½ E_β|p/β − q/β| wherever β covers
+    p and q; a single draw is unbounded where β is improbable, the expectation is in [0, 1]. With
+    q = β it is :func:`tv_estimate` of ``log_ratio_p``.
+    """
+    mask = check_per_token([log_ratio_p, log_ratio_q], mask)
+    ratio_p = jnp.exp(jax.lax.stop_gradient(log_ratio_p))
+    ratio_q = jnp.exp(jax.lax.stop_gradient(log_ratio_q))
+    return 0.5 * masked_mean(jnp.abs(ratio_p - ratio_q), mask)
 
 
 def approx_kl(log_ratio: chex.Array, mask: Optional[chex.Array] = None) -> dict[str, chex.Array]:
