@@ -77,12 +77,12 @@ def run(scale: Scale, out_dir: Path, seed: int = 0, fresh: bool = False, log=pri
     model_config, params, vocab = load_hf_model(scale.bed.model)
     bed = dataclasses.replace(scale.bed, env=with_vocab(scale.bed.env, vocab))
     with output_lock(out):
+        arms = {(method, m): saved_arrays(out / "runs" / f"{method}_M{m}.npz",
+                                          lambda: run_arm(scale, bed, method, m, params, model_config, out))
+                for m in scale.updates for method in ROUTES}
         rows = [{"method": method, "updates": m, "seed": int(s), **{k: float(data[k][i]) for k in
                                                                     ("success_training", "success_held_out", *MEANS)}}
-                for m in scale.updates for method in ROUTES
-                for data in [saved_arrays(out / "runs" / f"{method}_M{m}.npz",
-                                          lambda: run_arm(scale, bed, method, m, params, model_config, out))]
-                for i, s in enumerate(data["seed"])]
+                for (method, m), data in arms.items() for i, s in enumerate(data["seed"])]
         write_csv(out / "runs.csv", rows)
         figure(rows, scale.updates, out / "success_vs_updates.png")
         header = provenance(started=started)
@@ -100,11 +100,14 @@ def run(scale: Scale, out_dir: Path, seed: int = 0, fresh: bool = False, log=pri
             f"episodes per iteration from {bed.rl.prompt_pool} training prompts, lr {bed.rl.learning_rate:g}, "
             f"{bed.iterations} iterations, on-policy), M minibatches of one epoch per batch; seeds {list(scale.seeds)}; "
             f"success of the final policy on {bed.eval_episodes} episodes of the training and of held-out prompts. "
-            "Per run, the columns after success are means over its updates (95% intervals over seeds).", "",
+            "Per run, the columns after success are means over its updates (95% intervals over seeds); wall: "
+            "seconds of the invocation that finished the arm (an arm resumed from its checkpoints counts its last "
+            "invocation only).", "",
             "![success and filtered / clipped fraction against M](success_vs_updates.png)", "",
             *markdown_table(("method", "M", "held-out success", "training success", "masked by the filter",
-                             "filter's D̂", "clipped", "k3-KL to reference", "realignment weight"),
-                            ([method, m, *(cell(method, m, c, d) for c, d in columns.items())]
+                             "filter's D̂", "clipped", "k3-KL to reference", "realignment weight", "wall (s)"),
+                            ([method, m, *(cell(method, m, c, d) for c, d in columns.items()),
+                              f"{float(arms[method, m]['seconds']):.0f}"]
                              for m in scale.updates for method in ROUTES)), "",
             "Verdicts: [results/VERDICTS.md](../VERDICTS.md#vaco_llm_forward_lag) "
             "(experiments/claims/vaco_llm_forward_lag.toml); the filter claims are not testable in a cell where the "
