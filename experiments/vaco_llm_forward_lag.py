@@ -67,6 +67,7 @@ def figure(rows: list[dict], updates: tuple[int, ...], path: Path) -> None:
                     marker="o", label=f"{method}: {measure.split('_')[0]}")
         ax.set_xticks(range(len(updates)), [str(u) for u in updates])
         ax.set(xlabel="M (updates per batch)", ylabel=column)
+        ax.legend(fontsize=7)  # its own curves: the clipped (PPO-clip) and masked (VACO) fractions
     save_panels(path, ("success_held_out", "success_training", "fraction of tokens"), draw, width=4.3, height=3.8)
 
 
