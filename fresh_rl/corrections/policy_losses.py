@@ -34,8 +34,8 @@ import jax.numpy as jnp
 
 from fresh_rl.corrections._validation import check_per_token
 from fresh_rl.validation import check_in_range, require_choice, require_in_range
-from fresh_rl.corrections.diagnostics import (fraction, masked_mean, masked_sum, policy_diagnostics,
-                                              valid_count)
+from fresh_rl.corrections.diagnostics import (fraction, masked_mean, masked_sum, policy_diagnostics, tv_estimate,
+                                              tv_estimate_weighted, valid_count)
 
 Metrics = dict[str, chex.Array]
 
@@ -419,10 +419,10 @@ def vaco_policy_loss(
         jnp.where(mask, learner_start_log_probs - behaviour_log_probs, 0.0)
     )
     ratio = jnp.exp(log_ratio)
-    deviation = jnp.abs(jax.lax.stop_gradient(ratio) - 1.0)
-    if config.importance_weighted_tv:
-        deviation = jnp.exp(backward_log_ratio) * deviation
-    tv = 0.5 * masked_mean(deviation, mask)
+    if config.importance_weighted_tv:  # ½·mean|π_θ/β − π_T/β|: TV(π_θ, π_T) importance-sampled from β's actions
+        tv = tv_estimate_weighted(log_ratio + backward_log_ratio, backward_log_ratio, mask)
+    else:
+        tv = tv_estimate(log_ratio, mask)
     threshold = config.threshold(config.delta if delta is None else delta)
     kept = tv_filter_mask(log_ratio, advantages, mask, tv, threshold)
     loss = masked_mean(jnp.where(kept, -ratio * advantages, 0.0), mask)
