@@ -78,13 +78,14 @@ def run(scale: Scale, out_dir: Path, seed: int = 0, fresh: bool = False, log=pri
         seconds = {task.env_name: [float(p.read_text()) for p in (out_dir / "runs").glob(
             f"{task_folder(task.env_name)}-*.seconds")] for task in scale.tasks}
         seconds = {task: (len(s), sum(s)) for task, s in seconds.items()}  # programs, wall seconds
+        reruns = sum(float(p.read_text()) for p in (out_dir / "runs").glob("*-forward_tv-*.seconds"))
         header = {**provenance(started=started), "seed": seed}
         write_atomic(out_dir / "config.json", json.dumps(
             {"scale": scale.label, "scale_config": repr(scale), "picks": {k: {m: list(v) for m, v in p.items()}
                                                                          for k, p in picks.items()}, **header},
             indent=1, default=str) + "\n")
         return write_readme(out_dir, "VACO with backward lag small against the run, forward lag swept and equal tuning",
-                            header, readme_lines(scale, t, picks, seconds, seed) + forward_tv_lines(t))
+                            header, readme_lines(scale, t, picks, seconds, seed) + forward_tv_lines(t, reruns))
 
 
 def main(argv=None) -> None:

@@ -103,10 +103,10 @@ def test_the_forward_tv_reruns_cover_every_cell_at_the_picks_on_the_first_scorin
     assert all(r["forward_tv_weighted"] == pytest.approx(0.02) for r in measured)  # a run's mean over iterations
     assert all("forward_tv" in directory for _, directory, _ in scored_stages[scoring_calls:])
     assert "forward_tv_weighted" not in runs[0]  # the scoring stages keep what they kept
-    text = "\n".join(forward_tv_lines({"runs": runs, "forward_tv": measured}))
+    text = "\n".join(forward_tv_lines({"runs": runs, "forward_tv": measured}, 12.0))
     assert f"{len(measured)} of {len(measured)} reproduce their scoring run's mean return exactly" in text
     measured[0] = {**measured[0], "mean_return": measured[0]["mean_return"] + 0.5}
-    text = "\n".join(forward_tv_lines({"runs": runs, "forward_tv": measured}))
+    text = "\n".join(forward_tv_lines({"runs": runs, "forward_tv": measured}, 12.0))
     assert f"{len(measured) - 1} of {len(measured)} reproduce" in text and "the largest difference is 0.5" in text
 
 

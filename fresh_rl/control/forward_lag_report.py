@@ -54,8 +54,8 @@ def readme_lines(scale: Scale, t: dict, picks: dict, seconds: dict, seed: int) -
         *markdown_table(("task", "programs", "runs", "env steps", "wall (s)"), (
             (task.env_name, programs, n, f"{n * task.total_env_steps:,}", f"{s:.0f}")
             for task in scale.tasks for programs, s in [seconds[task.env_name]]
-            for n in [sum(r["task"] == task.env_name for r in t["runs"] + t["tuning"])])),
-        f"| all | {sum(p for p, _ in seconds.values())} | {len(t['runs']) + len(t['tuning'])} | | "
+            for n in [sum(r["task"] == task.env_name for r in t["runs"] + t["tuning"] + t["forward_tv"])])),
+        f"| all | {sum(p for p, _ in seconds.values())} | {len(t['runs']) + len(t['tuning']) + len(t['forward_tv'])} | | "
         f"{sum(s for _, s in seconds.values()):.0f} |", "",
         f"Setup: {c0.num_envs} envs × T = {c0.rollout_length} per iteration, {c0.num_iterations} versions per run, "
         f"4 minibatches; backward lags {list(scale.lags)} fixed and a geometric mixture of mean {scale.mixture_mean:g} "
@@ -76,9 +76,10 @@ def readme_lines(scale: Scale, t: dict, picks: dict, seconds: dict, seed: int) -
         "amended out of the claims' cells before any of its scoring runs."]
 
 
-def forward_tv_lines(t: dict) -> list[str]:
-    """Per cell both forward-TV estimators on the ``forward_tv`` runs (``t["forward_tv"]``), and how far
-    those reruns' returns are from their scoring runs' (``t["runs"]``, same config, seed and row)."""
+def forward_tv_lines(t: dict, seconds: float) -> list[str]:
+    """Per cell both forward-TV estimators on the ``forward_tv`` runs (``t["forward_tv"]``, ``seconds`` of
+    wall in all), and how far those reruns' returns are from their scoring runs' (``t["runs"]``, same
+    config, seed and row)."""
     scoring = {(*(r[k] for k in CELL), r["seed"]): r["mean_return"] for r in t["runs"] if r["tuned_knob"]}
     gaps = np.array([abs(r["mean_return"] - scoring[(*(r[k] for k in CELL), r["seed"])]) for r in t["forward_tv"]])
     cells = [[*key, len(rows), f"{np.nanmedian([r['forward_tv'] for r in rows]):.3g}",
@@ -87,12 +88,15 @@ def forward_tv_lines(t: dict) -> list[str]:
     seeds = sorted({r["seed"] for r in t["forward_tv"]})
     return [
         "", "## Forward TV at each batch's last update, both estimators (`forward_tv.csv`)", "",
-        f"Every method at its pick in every cell, rerun on scoring seeds {seeds} keeping also the trainer's "
+        f"Every method at its pick in every cell, rerun on scoring seeds {seeds} ({len(t['forward_tv'])} runs, "
+        f"{seconds:.0f} s of the sizing table's wall) keeping also the trainer's "
         "`lag/forward_tv_weighted` = ½·mean|π_θ/β − π_T/β| over the batch (TV(π_θ, π_T) importance-sampled from the "
         "behaviour policy's actions: unbiased at every backward lag), beside `lag/forward_tv` = ½·mean|π_θ/π_T − 1| "
         "(exact in expectation only at lag 0). Columns: the runs' median over iterations of the plain estimate "
         "(as in the cells table), the runs' mean of the importance-sampled one (the mean of unbiased per-iteration "
-        f"estimates). The reruns are the scoring runs in another compiled program: {int((gaps == 0).sum())} of "
-        f"{len(gaps)} reproduce their scoring run's mean return exactly, the largest difference is {gaps.max():.3g}.",
+        "estimates). A rerun has its scoring run's config, key and row but runs in another compiled program, whose "
+        "float rounding can steer it elsewhere over 200 versions: "
+        f"{int((gaps == 0).sum())} of {len(gaps)} reproduce their scoring run's mean return exactly, the largest "
+        f"difference is {gaps.max():.3g}.",
         "", *markdown_table(("task", "method", "backward lag", "M", "runs", "forward TV, plain (median)",
                              "forward TV, importance-sampled (mean)"), cells)]

@@ -197,7 +197,7 @@ def score(task, scale, picks, out_dir, seed) -> list[dict]:
 def measure_forward_tv(task, scale, picks, out_dir, seed) -> list[dict]:
     """The compared methods at their picks in every cell, rerun on the first ``scale.forward_tv_seeds``
     scoring seeds keeping also the unbiased ``lag/forward_tv_weighted`` (the same configs, keys and
-    rows as their scoring runs; another compiled program, so equal up to float reassociation)."""
+    rows as their scoring runs, in another compiled program whose float rounding can steer a run elsewhere)."""
     seeds = range(seed + scale.tuning_seeds, seed + scale.tuning_seeds + scale.forward_tv_seeds)
     return [r for m, _ in scale.knobs for updates in scale.updates for r in score_cells(
         task, scale, m, *picks[m], updates, seeds, out_dir, "forward_tv", KEEP + (FORWARD_TV_WEIGHTED[1],))]
