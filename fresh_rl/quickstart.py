@@ -103,8 +103,9 @@ def run_part(command: list[str], allow_dirty: bool) -> dict:
 # ------------------------------------------------------------------ the parts' CSVs, per seed --
 
 def _by_seed(rows, value: str, **match) -> np.ndarray:
-    """``value`` of the rows matching ``match``, ordered by seed (one entry per seed)."""
-    picked = {int(r["seed"]): float(r[value]) for r in rows
+    """``value`` of the rows matching ``match``, ordered by seed (one entry per seed; NaN where a run
+    saved before the value existed left it empty)."""
+    picked = {int(r["seed"]): float(r[value] or "nan") for r in rows
               if all(r[k] == str(v) for k, v in match.items())}
     return np.asarray([picked[s] for s in sorted(picked)], np.float64)
 
@@ -208,8 +209,9 @@ def statements(out: Path) -> list[Statement]:
 # ------------------------------------------------ measurements (intervals, no comparisons) --
 
 def _cell(values: np.ndarray) -> str:
-    """``"m [low, high]"``: the mean and its 95% Student-t interval, 3 significant digits."""
-    return "{:.3g} [{:.3g}, {:.3g}]".format(*interval(values))
+    """``"m [low, high]"``: the mean and its 95% Student-t interval, 3 significant digits ("–" if a
+    value is missing)."""
+    return "–" if np.isnan(values).any() else "{:.3g} [{:.3g}, {:.3g}]".format(*interval(values))
 
 
 def measurement_tables(out: Path) -> list[str]:
@@ -228,14 +230,15 @@ def measurement_tables(out: Path) -> list[str]:
                 if not _by_seed(rows, "final_return", **pick).size:
                     continue
                 cells.append((task, variant, lag, _cell(_by_seed(rows, "mean_tv_behaviour", **pick)),
-                              _cell(_by_seed(rows, "mean_forward_tv", **pick)),
+                              _cell(_by_seed(rows, "mean_forward_tv_weighted", **pick)),
                               _cell(1 - _by_seed(rows, "mean_mask_fraction", **pick))
                               if variant.startswith("vaco") else "—",
                               _cell(_by_seed(rows, "mean_clip_fraction", **pick))
                               if variant.startswith("ppo_clip") else "—",
                               _cell(_by_seed(rows, "final_return", **pick))))
     lines += ["", "### VACO part: drift, filter and return per lag (95% CI over seeds)", "",
-              *markdown_table(("task", "variant", "lag", "backward TV", "forward TV", "kept by the TV filter",
+              *markdown_table(("task", "variant", "lag", "backward TV", "forward TV (importance-sampled)",
+                               "kept by the TV filter",
                                "clipped (PPO)", "final return"), cells),
               "", f"Final returns: n = {len({r['seed'] for r in rows})} seeds, no ranking (the study in results/vaco/ "
               "decides the VACO claims; see results/VERDICTS.md)."]

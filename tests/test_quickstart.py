@@ -72,6 +72,9 @@ def test_returns_are_printed_with_intervals_and_no_ranking(seed_set_0):
         if line.startswith("| CartPole-v1 |"):  # every measured cell carries its interval
             assert line.count("[") >= 2, line
     assert (out / "mechanisms.png").stat().st_size > 10_000
+    vaco = text.split("### VACO part")[1].split("\n\n")[1].splitlines()  # the VACO table: header, rule, rows
+    assert vaco[0].split(" | ")[4] == "forward TV (importance-sampled)"
+    assert all("[" in row.split(" | ")[4] for row in vaco[2:]), vaco  # every run of this run has the metric
     assert "| `vaco_lag/` |" in (out / "README.md").read_text()
 
 

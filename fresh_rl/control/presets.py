@@ -247,6 +247,7 @@ def run_variant(config: TrainConfig, lags, deltas, num_seeds: int, seed: int,
     compile_s = meter.total
     meter.close()
     keep = ("episode_return", "episodes_completed", "lag/version_gap_mean", "lag/tv", "lag/ess", "lag/forward_tv",
+            "lag/forward_tv_weighted",
             "eval/return_deterministic", "eval/return_stochastic", "eval/valid",
             "loss/tv", "loss/filter_on", "loss/mask_fraction", "loss/clip_fraction", "loss/entropy")
     metrics = {k: v.reshape(L, D, S, -1) for k, v in out.items() if k in keep}

@@ -28,7 +28,9 @@ MIN_AGGREGATE_TASKS = 3
 over one or two they say nothing the per-task intervals do not (``per_task.csv``)."""
 MEASURED = (("version_gap", "mean_version_gap", "lag__version_gap_mean"),
             ("backward_tv", "mean_tv_behaviour", "lag__tv"),
-            ("forward_tv_median", "mean_forward_tv", "lag__forward_tv"), ("ess", "mean_ess", "lag__ess"),
+            ("forward_tv_median", "mean_forward_tv", "lag__forward_tv"),
+            ("forward_tv_weighted", "mean_forward_tv_weighted", "lag__forward_tv_weighted"),  # not in older saved runs
+            ("ess", "mean_ess", "lag__ess"),
             ("filter_on", "mean_filter_on", "loss__filter_on"),
             ("mask_fraction", "mean_mask_fraction", "loss__mask_fraction"),
             ("clip_fraction", "mean_clip_fraction", "loss__clip_fraction"))
@@ -254,8 +256,9 @@ def summarize(scale: Scale, results: dict, t: dict, header: dict) -> str:
                       if any(c != "–" for c in row)))]
     lines += ["", "## Measured lag metrics (main variants at their reported value)", "",
               "Run means over iterations, seed means; forward TV is the median over iterations "
-              "(½·mean|r − 1| is unbounded when a ratio explodes).", "",
-              *markdown_table(("task", "variant", "lag", "version gap", "backward TV", "forward TV", "ESS",
+              "(½·mean|r − 1| on β's actions: biased under lag, unbounded when a ratio explodes); forward TV (IS) "
+              "is the run mean of ½·mean|π_θ/β − π_T/β|, unbiased at every lag (– for runs saved before it).", "",
+              *markdown_table(("task", "variant", "lag", "version gap", "backward TV", "forward TV", "forward TV (IS)", "ESS",
                                "filter on", "masked", "clipped"), (
                   (r["task"], r["variant"], r["lag"], *(r[name] or "–" for name, _, _ in MEASURED))
                   for r in t["lag_metrics"]))]
