@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 
 from fresh_rl.control.forward_lag_study import KNOBS, MEASURED, MIXTURE, Scale, diverged_text
-from fresh_rl.report import grouped, interval, interval_text, markdown_table, plot_interval_curves, save_panel_grid, save_panels
+from fresh_rl.report import (grouped, interval, interval_text, markdown_table, plot_interval_curves, save_panel_grid,
+                             save_panels)
 
 TV_LABELS = {"forward_tv_weighted": "forward TV (importance-sampled; first scoring seeds)",
              "backward_tv": "backward TV TV(π_T, β)"}
@@ -22,7 +23,7 @@ def figures(runs: list[dict], forward_tv: list[dict], scale: Scale, out_dir: Pat
     per task with 95% t intervals, and score against the measured forward TV (importance-sampled, the
     ``forward_tv`` runs) and backward TV (the scoring runs)."""
     main = [r for r in runs if r["method"] in KNOBS and r["tuned_knob"]]
-    tasks, cells = list(dict.fromkeys(r["task"] for r in main)), grouped(main, ("task", "method", "backward", "updates"))
+    tasks, cells = list(dict.fromkeys(r["task"] for r in main)), grouped(main, CELL)
     lag, updates = str(scale.middle[0]), scale.middle[1]
     views = {"score_vs_forward_lag": (list(scale.updates), lambda x: (lag, x), "M updates per batch (forward lag)"),
              "score_vs_backward_lag": ([str(v) for v in scale.lags] + [MIXTURE], lambda x: (x, updates),
@@ -80,8 +81,10 @@ def forward_tv_lines(t: dict, seconds: float) -> list[str]:
     """Per cell both forward-TV estimators on the ``forward_tv`` runs (``t["forward_tv"]``, ``seconds`` of
     wall in all), and how far those reruns' returns are from their scoring runs' (``t["runs"]``, same
     config, seed and row)."""
-    scoring = {(*(r[k] for k in CELL), r["seed"]): r["mean_return"] for r in t["runs"] if r["tuned_knob"]}
-    gaps = np.array([abs(r["mean_return"] - scoring[(*(r[k] for k in CELL), r["seed"])]) for r in t["forward_tv"]])
+    def run(r):
+        return *(r[k] for k in CELL), r["seed"]
+    scoring = {run(r): r["mean_return"] for r in t["runs"] if r["tuned_knob"]}
+    gaps = np.array([abs(r["mean_return"] - scoring[run(r)]) for r in t["forward_tv"]])
     cells = [[*key, len(rows), f"{np.nanmedian([r['forward_tv'] for r in rows]):.3g}",
               f"{np.nanmean([r['forward_tv_weighted'] for r in rows]):.3f}"]
              for key, rows in grouped(t["forward_tv"], CELL).items()]

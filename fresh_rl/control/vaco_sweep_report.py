@@ -258,8 +258,8 @@ def summarize(scale: Scale, results: dict, t: dict, header: dict) -> str:
               "Run means over iterations, seed means; forward TV is the median over iterations "
               "(½·mean|r − 1| on β's actions: biased under lag, unbounded when a ratio explodes); forward TV (IS) "
               "is the run mean of ½·mean|π_θ/β − π_T/β|, unbiased at every lag (– for runs saved before it).", "",
-              *markdown_table(("task", "variant", "lag", "version gap", "backward TV", "forward TV", "forward TV (IS)", "ESS",
-                               "filter on", "masked", "clipped"), (
+              *markdown_table(("task", "variant", "lag", "version gap", "backward TV", "forward TV", "forward TV (IS)",
+                               "ESS", "filter on", "masked", "clipped"), (
                   (r["task"], r["variant"], r["lag"], *(r[name] or "–" for name, _, _ in MEASURED))
                   for r in t["lag_metrics"]))]
     tuned_agg, tuned_improvement = t["tuned"]
