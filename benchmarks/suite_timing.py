@@ -27,7 +27,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from fresh_rl.provenance import REPOSITORY_ROOT, machine_description
+from fresh_rl.provenance import REPOSITORY_ROOT, machine_description, short_commit
 
 OUT = REPOSITORY_ROOT / "results" / "bench"
 SUMMARY = re.compile(r"^=+ (.*(?:passed|failed).*) in [\d.]+s.*=+$", re.M)
@@ -65,8 +65,7 @@ def main(argv=None):
         parser.error("--runs must be ≥ 1 (or 0 with --slow: time the slow lane alone)")
     # what is timed is a clone, which holds only committed code: HEAD is its exact provenance
     # (uncommitted edits in this checkout never reach it)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPOSITORY_ROOT,
-                            capture_output=True, text=True, check=True).stdout.strip()
+    commit = short_commit()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_", "XLA_", "FRESH_RL_"))}
     env["CI"] = "true"
     record = {"commit": commit, "machine": machine_description(), "note": args.note, "runs": [],

@@ -33,11 +33,26 @@ def _git(*args: str) -> Optional[str]:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def git_commit(short: bool = True) -> str:
-    """HEAD of the source checkout, ``+dirty`` appended when tracked files outside ``results/``
-    differ from it (the tables runs rewrite there are outputs, not code); ``"unknown"`` outside
-    a git checkout (e.g. an installed wheel)."""
-    head = _git("rev-parse", *(["--short"] if short else []), "HEAD")
+COMMIT_DIGITS = 10
+"""Hex digits of a commit as results name it. Fixed, not git's automatic length: that grows
+with the object count of the checkout at hand (7 digits in one clone, 8 in another of the same
+history), so a table rebuilt elsewhere would read differently. With 16^10 ≈ 1.1e12 prefixes, the
+chance that any other of a repository's n objects shares a commit's prefix is ≤ n/1.1e12
+(≈ 1e-7 at n = 1e5), so the prefix names one commit."""
+
+
+def short_commit(revision: str = "HEAD") -> Optional[str]:
+    """The first :data:`COMMIT_DIGITS` hex digits of ``revision``'s commit; ``None`` when git
+    cannot resolve it."""
+    full = _git("rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}")
+    return full[:COMMIT_DIGITS] if full else None
+
+
+def git_commit() -> str:
+    """HEAD of the source checkout (:func:`short_commit`), ``+dirty`` appended when tracked
+    files outside ``results/`` differ from it (the tables runs rewrite there are outputs, not
+    code); ``"unknown"`` outside a git checkout (e.g. an installed wheel)."""
+    head = short_commit()
     if not head:
         return "unknown"
     dirty = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)results")
@@ -64,14 +79,15 @@ def require_clean(commit: str, allow_dirty: bool = False) -> str:
 
 
 def last_commit(paths: Sequence[str]) -> str:
-    """The short commit that last changed any of ``paths`` (relative to the checkout), with
-    ``+modified`` when the working tree differs from it there; ``"uncommitted"`` for paths git
-    does not track yet, ``"unknown"`` outside a git checkout. The commit of a result's data."""
-    head = _git("log", "-1", "--format=%h", "--", *paths)
+    """The commit (:func:`short_commit`'s digits) that last changed any of ``paths`` (relative
+    to the checkout), with ``+modified`` when the working tree differs from it there;
+    ``"uncommitted"`` for paths git does not track yet, ``"unknown"`` outside a git checkout. The commit of a result's data."""
+    head = _git("log", "-1", "--format=%H", "--", *paths)
     if head is None:
         return "unknown"
     if not head:
         return "uncommitted"
+    head = head[:COMMIT_DIGITS]
     changed = _git("status", "--porcelain", "--untracked-files=no", "--", *paths)
     return head + ("+modified" if changed else "")
 
@@ -97,7 +113,7 @@ def measure_at_revision(script, revision: str, args: Sequence[str] = ()) -> tupl
     if child.returncode:
         raise SystemExit(f"measuring {revision} failed:\n{child.stderr[-3000:]}")
     rows = [json.loads(line) for line in child.stdout.splitlines() if line.startswith("{")]
-    return rows, _git("rev-parse", "--short", revision) or revision
+    return rows, short_commit(revision) or revision
 
 
 def replace_label_rows(path, label: str, rows: Sequence[Mapping]) -> list[dict]:
@@ -226,6 +242,7 @@ def read_csv(path, missing_ok: bool = False) -> list[dict]:
 
 
 __all__ = ["ALLOW_DIRTY_ENV", "REPOSITORY_ROOT", "DirtyCheckoutError", "OutputWriteError", "command_line", "git_commit",
+           "COMMIT_DIGITS", "short_commit",
            "last_commit",
            "machine_description", "measure_at_revision", "provenance", "provenance_line", "read_csv", "replace_label_rows",
            "require_clean", "write_atomic", "write_csv"]

@@ -58,10 +58,29 @@ def test_measure_at_revision_imports_the_package_of_that_revision(tmp_path):
     assert len(rows) == 1 and not rows[0]["file"].startswith(str(ROOT))
 
 
+def test_a_commit_is_named_by_the_same_digits_whatever_git_would_abbreviate_to(monkeypatch):
+    """git's own short form grows with the checkout's object count (7 digits in one clone of a
+    history, 8 in another) and follows core.abbrev; a committed table that names a commit must
+    read the same wherever it is rebuilt."""
+    full = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    data = subprocess.run(["git", "log", "-1", "--format=%H", "--", "README.md"], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout.strip()
+    for abbrev in ("7", "16"):
+        monkeypatch.setenv("GIT_CONFIG_COUNT", "1")
+        monkeypatch.setenv("GIT_CONFIG_KEY_0", "core.abbrev")
+        monkeypatch.setenv("GIT_CONFIG_VALUE_0", abbrev)
+        assert provenance.short_commit() == full[:provenance.COMMIT_DIGITS]
+        assert provenance.git_commit().removesuffix("+dirty") == full[:provenance.COMMIT_DIGITS]
+        assert provenance.last_commit(["README.md"]).removesuffix("+modified") == \
+            data[:provenance.COMMIT_DIGITS]
+    assert provenance.short_commit("no-such-revision") is None
+
+
 def test_provenance_names_command_commit_machine_and_wall_time():
     info = provenance.provenance(command="python experiments/x.py --scale ci", started=0.0)
     assert info["command"] == "python experiments/x.py --scale ci"
-    assert re.fullmatch(r"[0-9a-f]{7,40}(\+dirty)?|unknown", info["commit"]), info["commit"]
+    assert re.fullmatch(r"[0-9a-f]{10}(\+dirty)?|unknown", info["commit"]), info["commit"]
     assert "CPUs" in info["machine"] and info["wall_seconds"] > 0
     line = provenance.provenance_line(info)
     assert info["commit"] in line and "wall time" in line
@@ -90,9 +109,9 @@ def test_only_code_changes_mark_the_commit_dirty(tmp_path, monkeypatch):
 def test_provenance_stamps_the_commit_the_run_started_from(monkeypatch):
     """A run that outlives a commit keeps the commit of the code it loaded and says where HEAD
     moved."""
-    monkeypatch.setattr(provenance, "git_commit", lambda short=True: provenance.COMMIT_AT_START)
+    monkeypatch.setattr(provenance, "git_commit", lambda: provenance.COMMIT_AT_START)
     assert "commit_at_end" not in provenance.provenance()  # HEAD did not move
-    monkeypatch.setattr(provenance, "git_commit", lambda short=True: "0123abc")
+    monkeypatch.setattr(provenance, "git_commit", lambda: "0123abc")
     info = provenance.provenance(started=0.0)
     assert info["commit"] == provenance.COMMIT_AT_START and info["commit_at_end"] == "0123abc"
     assert "HEAD was 0123abc when it ended" in provenance.provenance_line(info)

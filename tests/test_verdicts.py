@@ -102,7 +102,7 @@ def test_a_dirty_commit_is_refused_unless_allowed(tmp_path, monkeypatch):
     assert require_clean("0123abc+dirty", allow_dirty=True) == "0123abc+dirty"
     # every writer that stamps through provenance() gets the refusal
     monkeypatch.setattr(provenance, "COMMIT_AT_START", "0123abc+dirty")
-    monkeypatch.setattr(provenance, "git_commit", lambda short=True: "0123abc+dirty")
+    monkeypatch.setattr(provenance, "git_commit", lambda: "0123abc+dirty")
     with pytest.raises(DirtyCheckoutError):
         provenance.provenance(command="python x.py")
     assert provenance.provenance(command="python x.py", allow_dirty=True)["commit"] == "0123abc+dirty"
