@@ -3,6 +3,8 @@ other seeds, every cell at the pick, the measured lags per run, the warm-up that
 actors off θ0, resumption. Slow lane: 14 programs compile (≈ 1.5–3 min on 2 cores)."""
 from __future__ import annotations
 
+import math
+
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -54,9 +56,13 @@ def test_every_cell_reports_the_importance_sampled_forward_tv_from_reruns_of_its
     assert {tuple(r[k] for k in cell) for r in measured} == {
         tuple(r[k] for k in cell) for r in runs if r["tuned_knob"] == "True" and r["method"] in ("ppo_clip", "vaco")}
     for r in measured:
-        assert 0.0 <= float(r["forward_tv_weighted"]) < 1.5, r  # a mean of estimates of a TV (≤ 1 in expectation)
+        # a mean of non-negative per-draw terms ½|π_θ/β − π_T/β|: finite and ≥ 0. Unbiased for a TV, so ≤ 1
+        # in expectation only; no finite-sample upper bound holds (its exactness is tested against
+        # NumPy categoricals in test_corrections_diagnostics.py).
+        weighted = float(r["forward_tv_weighted"])
+        assert math.isfinite(weighted) and weighted >= 0.0, r
         if r["backward"] == "0":  # on-policy: the two estimators are one formula (test_control_train.py)
-            assert float(r["forward_tv_weighted"]) > 0.0 and float(r["forward_tv"]) > 0.0
+            assert weighted > 0.0 and float(r["forward_tv"]) > 0.0
     text = (out / "README.md").read_text()
     assert "## Forward TV at each batch's last update, both estimators" in text and "reproduce their scoring run" in text
 

@@ -14,7 +14,7 @@ from fresh_rl.report import (grouped, interval, interval_text, markdown_table, p
                              save_panels)
 
 TV_LABELS = {"forward_tv_weighted": "forward TV (importance-sampled; first scoring seeds)",
-             "backward_tv": "backward TV TV(π_T, β)"}
+             "backward_tv": "backward TV(π_T, β)"}
 CELL = ("task", "method", "backward", "updates")
 
 
