@@ -81,7 +81,8 @@ def require_clean(commit: str, allow_dirty: bool = False) -> str:
 def last_commit(paths: Sequence[str]) -> str:
     """The commit (:func:`short_commit`'s digits) that last changed any of ``paths`` (relative
     to the checkout), with ``+modified`` when the working tree differs from it there;
-    ``"uncommitted"`` for paths git does not track yet, ``"unknown"`` outside a git checkout. The commit of a result's data."""
+    ``"uncommitted"`` for paths git does not track yet, ``"unknown"`` outside a git checkout.
+    The commit of a result's data."""
     head = _git("log", "-1", "--format=%H", "--", *paths)
     if head is None:
         return "unknown"
@@ -241,8 +242,7 @@ def read_csv(path, missing_ok: bool = False) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-__all__ = ["ALLOW_DIRTY_ENV", "REPOSITORY_ROOT", "DirtyCheckoutError", "OutputWriteError", "command_line", "git_commit",
-           "COMMIT_DIGITS", "short_commit",
-           "last_commit",
+__all__ = ["ALLOW_DIRTY_ENV", "COMMIT_DIGITS", "REPOSITORY_ROOT", "DirtyCheckoutError", "OutputWriteError",
+           "command_line", "git_commit", "last_commit",
            "machine_description", "measure_at_revision", "provenance", "provenance_line", "read_csv", "replace_label_rows",
-           "require_clean", "write_atomic", "write_csv"]
+           "require_clean", "short_commit", "write_atomic", "write_csv"]
