@@ -75,10 +75,11 @@ def run(scale: Scale, out_dir: Path, seed: int = 0, fresh: bool = False, log=pri
         for name, rows in t.items():
             write_csv(out_dir / f"{name}.csv", rows)
         figures(t["runs"], t["forward_tv"], scale, out_dir)
-        seconds = {task.env_name: [float(p.read_text()) for p in (out_dir / "runs").glob(
-            f"{task_folder(task.env_name)}-*.seconds")] for task in scale.tasks}
+        stage_seconds = {p.name: float(p.read_text()) for p in (out_dir / "runs").glob("*.seconds")}
+        seconds = {task.env_name: [v for name, v in stage_seconds.items()
+                                   if name.startswith(f"{task_folder(task.env_name)}-")] for task in scale.tasks}
         seconds = {task: (len(s), sum(s)) for task, s in seconds.items()}  # programs, wall seconds
-        reruns = sum(float(p.read_text()) for p in (out_dir / "runs").glob("*-forward_tv-*.seconds"))
+        reruns = sum(v for name, v in stage_seconds.items() if "-forward_tv-" in name)
         header = {**provenance(started=started), "seed": seed}
         write_atomic(out_dir / "config.json", json.dumps(
             {"scale": scale.label, "scale_config": repr(scale), "picks": {k: {m: list(v) for m, v in p.items()}

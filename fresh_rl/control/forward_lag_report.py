@@ -44,7 +44,8 @@ def figures(runs: list[dict], forward_tv: list[dict], scale: Scale, out_dir: Pat
 
 
 def readme_lines(scale: Scale, t: dict, picks: dict, seconds: dict, seed: int) -> list[str]:
-    c0, s0, runs = scale.tasks[0], seed + scale.tuning_seeds, t["runs"]
+    c0, scoring, runs = scale.tasks[0], scale.scoring_range(seed, scale.scoring_seeds), t["runs"]
+    every = t["runs"] + t["tuning"] + t["forward_tv"]
     cells = []
     for key, rows in grouped(runs, ("task", "method", "knob", "backward", "updates")).items():
         mean = {c: f"{np.mean(v):.3f}" if (v := [r[c] for r in rows if not np.isnan(r[c])]) else "–" for c in MEASURED}
@@ -55,15 +56,15 @@ def readme_lines(scale: Scale, t: dict, picks: dict, seconds: dict, seed: int) -
         *markdown_table(("task", "programs", "runs", "env steps", "wall (s)"), (
             (task.env_name, programs, n, f"{n * task.total_env_steps:,}", f"{s:.0f}")
             for task in scale.tasks for programs, s in [seconds[task.env_name]]
-            for n in [sum(r["task"] == task.env_name for r in t["runs"] + t["tuning"] + t["forward_tv"])])),
-        f"| all | {sum(p for p, _ in seconds.values())} | {len(t['runs']) + len(t['tuning']) + len(t['forward_tv'])} | | "
+            for n in [sum(r["task"] == task.env_name for r in every)])),
+        f"| all | {sum(p for p, _ in seconds.values())} | {len(every)} | | "
         f"{sum(s for _, s in seconds.values()):.0f} |", "",
         f"Setup: {c0.num_envs} envs × T = {c0.rollout_length} per iteration, {c0.num_iterations} versions per run, "
         f"4 minibatches; backward lags {list(scale.lags)} fixed and a geometric mixture of mean {scale.mixture_mean:g} "
         f"per actor group, actors on-policy for the first {scale.warmup} versions; forward lag M ∈ "
         f"{list(scale.updates)} updates per batch. Each method's grid: lr {list(scale.learning_rates)} × its knob "
         f"({', '.join(f'{m} {KNOBS[m][0]} {list(v)}' for m, v in scale.knobs)}), tuned at lag {scale.middle[0]}, "
-        f"M = {scale.middle[1]} on seeds {seed}–{s0 - 1}; scored on seeds {s0}–{s0 + scale.scoring_seeds - 1}.", "",
+        f"M = {scale.middle[1]} on seeds {seed}–{scoring.start - 1}; scored on seeds {scoring.start}–{scoring.stop - 1}.", "",
         "## Picks (`tuning.csv`)", "", *markdown_table(("task", "method", "knob", "lr"), (
             (task, m, f"{KNOBS[m][0]} = {k:g}", f"{lr:g}") for task, p in picks.items() for m, (lr, k) in p.items())),
         "", "## Cells (scoring seeds; 95% Student-t intervals; measured lags are run means, the forward TV a run's "

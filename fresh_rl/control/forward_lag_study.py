@@ -69,6 +69,10 @@ class Scale(Preset):
     def middle(self) -> tuple[int, int]:
         return self.lags[len(self.lags) // 2], self.updates[len(self.updates) // 2]
 
+    def scoring_range(self, seed: int, count: int) -> range:
+        """The first ``count`` scoring seeds of a study started at ``seed``: they follow its tuning seeds."""
+        return range(seed + self.tuning_seeds, seed + self.tuning_seeds + count)
+
 
 def config_for(task: TrainConfig, scale: Scale, method: str, knob: float, updates: int, delay: str) -> TrainConfig:
     """The static config of a program: the method, its knob where static, M and the delay kind. Every
@@ -185,7 +189,7 @@ def score_cells(task, scale, method, lr, knob, updates, seeds, out_dir, name, ke
 
 def score(task, scale, picks, out_dir, seed) -> list[dict]:
     """Every method at its pick in every cell, then the ablations at the middle M."""
-    seeds = range(seed + scale.tuning_seeds, seed + scale.tuning_seeds + scale.scoring_seeds)
+    seeds = scale.scoring_range(seed, scale.scoring_seeds)
     jobs = [(m, *picks[m], updates) for m, _ in scale.knobs for updates in scale.updates]
     if "vaco" in picks:
         jobs += [(m, *picks["vaco"], scale.middle[1]) for m in ABLATIONS]
@@ -198,6 +202,6 @@ def measure_forward_tv(task, scale, picks, out_dir, seed) -> list[dict]:
     """The compared methods at their picks in every cell, rerun on the first ``scale.forward_tv_seeds``
     scoring seeds keeping also the unbiased ``lag/forward_tv_weighted`` (the same configs, keys and
     rows as their scoring runs, in another compiled program whose float rounding can steer a run elsewhere)."""
-    seeds = range(seed + scale.tuning_seeds, seed + scale.tuning_seeds + scale.forward_tv_seeds)
+    seeds = scale.scoring_range(seed, scale.forward_tv_seeds)
     return [r for m, _ in scale.knobs for updates in scale.updates for r in score_cells(
         task, scale, m, *picks[m], updates, seeds, out_dir, "forward_tv", KEEP + (FORWARD_TV_WEIGHTED[1],))]
